@@ -1,0 +1,95 @@
+"""An embedded default corpus: real English text and real code from Python's standard library.
+
+No network: documents are the docstrings of the standard library's modules (prose, Parquet) and its
+functions' source (code, JSON Lines), read with ``ast`` from the interpreter's own files, never
+imported. A SentencePiece tokenizer is trained on them. Used by the quickstart recipe and the tests.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import sysconfig
+from pathlib import Path
+from typing import Iterator
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+
+def stdlib_files() -> list[Path]:
+    """The standard library's .py files (tests and site-packages excluded), sorted."""
+    root = Path(sysconfig.get_paths()["stdlib"])
+    skip = ("site-packages", "test", "tests", "idlelib", "lib2to3", "turtledemo", "__pycache__")
+    return sorted(p for p in root.rglob("*.py") if not any(part in skip for part in p.relative_to(root).parts))
+
+
+def stdlib_documents(max_files: int | None = None) -> Iterator[tuple[str, str, str]]:
+    """Yields ``(kind, name, text)``: kind "prose" (docstrings) or "code" (function source)."""
+    for path in stdlib_files()[:max_files]:
+        try:
+            source = path.read_text(encoding="utf-8")
+            tree = ast.parse(source)
+        except (SyntaxError, UnicodeDecodeError, ValueError):
+            continue
+        lines = source.splitlines(keepends=True)
+        module_doc = ast.get_docstring(tree)
+        if module_doc:
+            yield "prose", str(path), module_doc
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                doc = ast.get_docstring(node)
+                if doc and len(doc) > 40:
+                    yield "prose", f"{path}:{node.name}", doc
+                if isinstance(node, ast.FunctionDef):
+                    segment = "".join(lines[node.lineno - 1:node.end_lineno])
+                    if segment:
+                        yield "code", f"{path}:{node.name}", segment
+
+
+def write_corpus(out_dir: str | Path, max_files: int | None = None, prose_files: int = 8,
+                 code_files: int = 4, row_group_size: int = 500) -> dict[str, int]:
+    """Write ``out_dir/web/*.parquet`` (prose) and ``out_dir/code/*.jsonl`` (code); return counts."""
+    out = Path(out_dir)
+    (out / "web").mkdir(parents=True, exist_ok=True)
+    (out / "code").mkdir(parents=True, exist_ok=True)
+    prose: list[str] = []
+    code: list[str] = []
+    for kind, _, text in stdlib_documents(max_files):
+        (prose if kind == "prose" else code).append(text)
+    for i in range(prose_files):
+        part = prose[i::prose_files]
+        pq.write_table(pa.table({"id": list(range(len(part))), "text": part}),
+                       out / "web" / f"part-{i:04d}.parquet", row_group_size=row_group_size)
+    for i in range(code_files):
+        with open(out / "code" / f"part-{i:04d}.jsonl", "w", encoding="utf-8") as f:
+            for j, text in enumerate(code[i::code_files]):
+                f.write(json.dumps({"id": j, "text": text}) + "\n")
+    return {"prose": len(prose), "code": len(code)}
+
+
+def train_sentencepiece(out_model: str | Path, texts: list[str], vocab_size: int = 4000) -> Path:
+    """Train a BPE SentencePiece model on ``texts`` (single-threaded, no shuffling: reproducible)."""
+    import io
+
+    import sentencepiece as spm
+
+    model = io.BytesIO()
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(texts), model_writer=model, vocab_size=vocab_size, model_type="bpe",
+        character_coverage=1.0, byte_fallback=True, num_threads=1, shuffle_input_sentence=False,
+        input_sentence_size=len(texts), max_sentence_length=1 << 16, minloglevel=2,
+        bos_id=1, eos_id=2, unk_id=0, pad_id=3, split_digits=True,
+    )
+    path = Path(out_model)
+    path.write_bytes(model.getvalue())
+    return path
+
+
+def make_demo(out_dir: str | Path, max_files: int | None = None, vocab_size: int = 8000) -> dict[str, int]:
+    """Corpus in ``out_dir/data`` and tokenizer ``out_dir/tok.model``, as the quickstart expects."""
+    out = Path(out_dir)
+    counts = write_corpus(out / "data", max_files=max_files)
+    sample = [t for i, (_, _, t) in enumerate(stdlib_documents(max_files)) if i % 3 == 0]
+    train_sentencepiece(out / "tok.model", sample, vocab_size)
+    return counts

@@ -1,0 +1,124 @@
+"""Packing documents into rows of ``seq_len`` tokens: best fit, first fit, or wrap.
+
+All three are online and serial (an accumulator): they see the lane's documents in order and keep a
+few open rows ("bins"). Ties are broken by the order in which bins were opened, never by chance.
+
+``best_fit``  a document goes to the open bin with the *least* free space that still holds it.
+``first_fit`` a document goes to the *oldest* open bin that holds it.
+              For both: a bin that becomes exactly full is emitted at once; when no bin holds the
+              document and ``max_open_bins`` are open, the fullest bin (oldest on ties) is emitted,
+              padded, and a new bin is opened. Documents never straddle rows (the splitter has cut
+              anything longer than a row).
+``wrap``      documents are concatenated and the stream is cut every ``seq_len`` tokens; a
+              document cut at a row end continues at the start of the next row, and the piece's tail
+              label is the next token. No padding except at a flush.
+
+At a :class:`Flush` sentinel every open bin is emitted in opening order (padded) and the sentinel is
+forwarded: after it the packer is empty, as if new. That padding is the sentinel's cost and is
+counted separately (``flush_pad_tokens``).
+
+Worked example, ``seq_len = 8``, ``max_open_bins = 2``, documents of lengths 5, 4, 3, 2, 6::
+
+    best_fit:  5 -> A[5]        4 -> B[4]         3 -> A[5,3] full, emit A
+               2 -> B[4,2]      6 -> no fit, 1 bin open -> C[6]
+               flush -> emit B[4,2] (2 pad), C[6] (2 pad)
+    first_fit: same here; it differs when several bins fit (oldest wins, not tightest)
+    wrap:      [5,3'] [1'',4,3'''] ... pieces of the 4-token doc continue on the next row
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Any
+
+from torchdata.nodes import BaseNode
+
+from .items import Flush, LaneCounters, Row
+
+
+class Packer(BaseNode):
+    """Turns a document stream (with sentinels) into a row stream (with sentinels)."""
+
+    def __init__(self, upstream: BaseNode, seq_len: int, algorithm: str, max_open_bins: int,
+                 counters: LaneCounters) -> None:
+        super().__init__()
+        self.upstream, self.seq_len, self.algorithm = upstream, seq_len, algorithm
+        self.max_open = 1 if algorithm == "wrap" else max_open_bins
+        self.counters = counters
+        self._place = {"best_fit": self._best_fit, "first_fit": self._first_fit, "wrap": self._wrap}[algorithm]
+
+    def reset(self, initial_state: dict | None = None) -> None:
+        super().reset(initial_state)
+        self._bins: list[Row] = []  # in opening order
+        self._out: deque = deque()
+
+    def get_state(self) -> dict[str, Any]:
+        return {}
+
+    # -- emission -------------------------------------------------------------------------------
+    def _emit(self, row: Row, flushed: bool = False) -> None:
+        row.flushed = flushed
+        c = self.counters
+        c.rows += 1
+        c.pad_tokens += row.free
+        if flushed:
+            c.flush_pad_tokens += row.free
+        self._out.append(row)
+
+    def _new_bin(self) -> Row:
+        row = Row(self.seq_len)
+        self._bins.append(row)
+        return row
+
+    def _evict_fullest(self) -> None:
+        j = min(range(len(self._bins)), key=lambda k: self._bins[k].free)
+        self._emit(self._bins.pop(j))
+
+    def _put(self, j: int, tokens, tail: int) -> None:
+        row = self._bins[j]
+        row.add(tokens, tail)
+        if row.free == 0:
+            self._emit(self._bins.pop(j))
+
+    # -- algorithms -----------------------------------------------------------------------------
+    def _best_fit(self, tokens, tail: int) -> None:
+        n, best, best_free = len(tokens), -1, self.seq_len + 1
+        for j, row in enumerate(self._bins):
+            free = row.free
+            if n <= free < best_free:
+                best, best_free = j, free
+        self._place_or_open(best, tokens, tail)
+
+    def _first_fit(self, tokens, tail: int) -> None:
+        n = len(tokens)
+        first = next((j for j, row in enumerate(self._bins) if row.free >= n), -1)
+        self._place_or_open(first, tokens, tail)
+
+    def _place_or_open(self, j: int, tokens, tail: int) -> None:
+        if j < 0:
+            if len(self._bins) >= self.max_open:
+                self._evict_fullest()
+            self._new_bin()
+            j = len(self._bins) - 1
+        self._put(j, tokens, tail)
+
+    def _wrap(self, tokens, tail: int) -> None:
+        a, n = 0, len(tokens)
+        while a < n:
+            row = self._bins[0] if self._bins else self._new_bin()
+            b = min(n, a + row.free)
+            self._put(0, tokens[a:b], int(tokens[b]) if b < n else tail)
+            a = b
+
+    # -- node -----------------------------------------------------------------------------------
+    def next(self) -> Any:
+        while not self._out:
+            item = next(self.upstream)
+            if isinstance(item, Flush):
+                for row in self._bins:
+                    self._emit(row, flushed=True)
+                self._bins.clear()
+                self._out.append(item)
+                break
+            self._place(*item)
+        return self._out.popleft()

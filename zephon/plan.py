@@ -1,0 +1,134 @@
+"""The work plan: which unit of which source each lane reads, in closed form.
+
+Per source, files are listed and sorted, and the reader cuts them into units (files, row groups or
+row/byte ranges; see :mod:`zephon.readers`). The source then behaves like an endless stream of
+units made of passes: pass ``p`` visits all ``U`` units in the order of a keyed permutation
+``order_p`` (a new order every pass, so repetition is never in lockstep). The stream is dealt to the
+``L`` lanes block by block: block ``i`` holds stream positions ``[i*L, (i+1)*L)`` and lane ``l``
+receives position ``i*L + route_i(l)``, where ``route_i`` is a keyed permutation of the lanes.
+So every lane gets exactly one unit per block, blocks run across pass boundaries, and a lane's
+``i``-th unit is a pure function of (seed, source, lane, i) computed in O(1), without enumerating
+other lanes' units. Worked example, ``U = 3`` units, ``L = 2`` lanes::
+
+    stream   = order_0[0], order_0[1], order_0[2], order_1[0], order_1[1], ...
+    block 0  = stream[0:2] -> lane route_0^-1 ... each lane takes one
+    block 1  = stream[2:4] -> spans the end of pass 0 and the start of pass 1
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Iterator, Sequence
+
+import fsspec
+
+from ._perm import mix64, permute_index, stable_key
+from .readers import Reader, SourceError, Unit, make_reader
+from .recipe import Recipe, SourceSpec
+
+_ROUTE, _ORDER = 1, 2
+_EXTENSIONS = {
+    "parquet": (".parquet", ".pq"),
+    "jsonl": (".jsonl", ".jsonl.gz", ".jsonl.zst", ".jsonl.zstd", ".ndjson"),
+}
+
+
+@dataclass(frozen=True)
+class ChunkTask:
+    """One stateless read+tokenize task: rows/bytes [start, end) of one file of one source."""
+
+    source: int
+    path: str
+    start: int
+    end: int
+    unit_seq: int  # index of the unit in the lane's sequence for this source
+    unit_end: bool  # last chunk of its unit
+    empty: bool = False  # a unit with nothing in it (e.g. an empty file)
+
+
+def list_files(source: SourceSpec, origin: str = "the recipe") -> tuple[fsspec.AbstractFileSystem, list[str]]:
+    """Expand a source's paths (files, directories, globs) into a sorted, de-duplicated file list."""
+    exts = _EXTENSIONS[source.format]
+    fs = None
+    found: set[str] = set()
+    for pattern in source.path:
+        fs_i, root = fsspec.core.url_to_fs(pattern)
+        fs = fs or fs_i
+        if any(c in root for c in "*?["):
+            matches = [p for p in fs_i.glob(root) if fs_i.isfile(p)]
+        elif fs_i.isdir(root):
+            matches = [p for p in fs_i.find(root) if p.endswith(exts)]
+        elif fs_i.isfile(root):
+            matches = [root]
+        else:
+            raise SourceError(f"{origin}: source '{source.name}': path '{pattern}' does not exist. "
+                              f"Fix sources.path (relative paths resolve against the recipe's folder).")
+        if not matches:
+            raise SourceError(f"{origin}: source '{source.name}': path '{pattern}' matches no "
+                              f"{source.format} files (looked for {', '.join(exts)}).")
+        found.update(matches)
+    assert fs is not None
+    return fs, sorted(found)
+
+
+class SourcePlan:
+    """A source's files and units, and the closed-form routing of its units to lanes."""
+
+    def __init__(self, recipe: Recipe, index: int, spec: SourceSpec) -> None:
+        self.index = index
+        self.spec = spec
+        self.key = stable_key(spec.name)
+        self.fs, self.files = list_files(spec, recipe.origin)
+        self.reader: Reader = make_reader(recipe, spec, self.fs)
+        self.units: list[Unit] = self.reader.split_units(self.files, recipe.lanes)
+        if not self.units:
+            raise SourceError(f"source '{spec.name}' has no data in {len(self.files)} files.")
+        self.seed = recipe.seed
+        self.lanes = recipe.lanes
+
+    def relative_files(self) -> list[str]:
+        root = os.path.commonpath(self.files) if len(self.files) > 1 else os.path.dirname(self.files[0])
+        return [os.path.relpath(f, root) for f in self.files]
+
+    def stream_position(self, lane: int, i: int) -> int:
+        """Position in the endless unit stream of the ``i``-th unit of ``lane``."""
+        return i * self.lanes + permute_index(lane, self.lanes, mix64(self.seed, self.key, _ROUTE, i))
+
+    def unit_at(self, position: int) -> Unit:
+        n = len(self.units)
+        pass_no, g = divmod(position, n)
+        return self.units[permute_index(g, n, mix64(self.seed, self.key, _ORDER, pass_no))]
+
+    def lane_unit(self, lane: int, i: int) -> Unit:
+        """The ``i``-th unit (0-based) that ``lane`` reads from this source."""
+        return self.unit_at(self.stream_position(lane, i))
+
+    def chunk_tasks(self, lane: int, unit_seq: int, cursor: int) -> Iterator[ChunkTask]:
+        """Endless chunk tasks of ``lane`` from unit ``unit_seq``, starting at ``cursor`` (-1: unit start)."""
+        i = unit_seq
+        while True:
+            unit = self.lane_unit(lane, i)
+            path = self.files[unit.file]
+            bounds = self.reader.chunk_bounds(path, unit, cursor)
+            if not bounds:
+                yield ChunkTask(self.index, path, 0, 0, i, True, empty=True)
+            for k, (a, b) in enumerate(bounds):
+                yield ChunkTask(self.index, path, a, b, i, k == len(bounds) - 1)
+            i += 1
+            cursor = -1
+
+
+class WorkPlan:
+    """All sources of a recipe, planned once per process and shared by the lanes it hosts."""
+
+    def __init__(self, recipe: Recipe) -> None:
+        self.recipe = recipe
+        self.sources: list[SourcePlan] = [SourcePlan(recipe, i, s) for i, s in enumerate(recipe.sources)]
+
+    def units_per_lane(self) -> list[float]:
+        return [len(s.units) / self.recipe.lanes for s in self.sources]
+
+
+def source_names(recipe: Recipe) -> Sequence[str]:
+    return [s.name for s in recipe.sources]

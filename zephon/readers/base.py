@@ -1,0 +1,93 @@
+"""The reader contract: how a file format exposes units, chunk boundaries and records.
+
+A *unit* is the thing the work plan routes to a lane (a file, a row group, a row or byte range).
+A *chunk* is one stateless read+tokenize task inside a unit. Chunk boundaries are aligned to
+absolute coordinates in the file (multiples of a chunk size inside a row group or file), never to
+where a reader happened to start: a lane resumed mid-unit therefore sees the same chunk ends as the
+uninterrupted lane did, and chunk ends are where positions are recorded.
+
+Coordinates are the reader's own integers: row numbers for Parquet and compressed JSONL, byte
+offsets for plain JSONL. A *cursor* is such a coordinate; each record reports the cursor just past
+it, so the position after any record is exact.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any, Callable, Protocol, Sequence
+
+import numpy as np
+
+
+class SourceError(RuntimeError):
+    """Bad input in a source file; the message names the file, the field and the fix."""
+
+
+@dataclass(frozen=True)
+class Unit:
+    """A contiguous part of one file of a source, in the reader's coordinates (``end=-1``: to EOF)."""
+
+    file: int
+    start: int
+    end: int
+
+
+@dataclass
+class RawChunk:
+    """Records of one chunk: texts (None for a null or blank record) and the cursor after each."""
+
+    texts: list[str | None]
+    next_cursors: np.ndarray  # int64 [n]
+    end_cursor: int  # cursor just past the chunk (resolves end=-1)
+
+
+class Reader(Protocol):
+    """What a format must provide to the work plan and to the workers."""
+
+    def split_units(self, files: Sequence[str], lanes: int) -> list[Unit]: ...
+
+    def chunk_bounds(self, path: str, unit: Unit, cursor: int) -> list[tuple[int, int]]: ...
+
+    def read(self, path: str, start: int, end: int) -> RawChunk: ...
+
+
+class LRU:
+    """A tiny thread-safe LRU cache (per process) for file metadata and decoded row groups."""
+
+    def __init__(self, capacity: int) -> None:
+        self._cap = capacity
+        self._data: OrderedDict[Any, Any] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: Any, make: Callable[[], Any]) -> Any:
+        with self._lock:
+            if key in self._data:
+                self._data.move_to_end(key)
+                return self._data[key]
+        value = make()
+        with self._lock:
+            self._data[key] = value
+            while len(self._data) > self._cap:
+                self._data.popitem(last=False)
+        return value
+
+
+def aligned_cuts(lo: int, hi: int, origin: int, step: int) -> list[tuple[int, int]]:
+    """Split [lo, hi) at origin + k*step (k integer): the chunk ends do not depend on ``lo``."""
+    out = []
+    pos = lo
+    while pos < hi:
+        nxt = origin + ((pos - origin) // step + 1) * step
+        nxt = min(nxt, hi)
+        out.append((pos, nxt))
+        pos = nxt
+    return out
+
+
+def split_evenly(lo: int, hi: int, parts: int) -> list[tuple[int, int]]:
+    """Cut [lo, hi) into ``parts`` near-equal non-empty ranges (fewer if the range is shorter)."""
+    parts = max(1, min(parts, hi - lo))
+    edges = [lo + (hi - lo) * k // parts for k in range(parts + 1)]
+    return [(a, b) for a, b in zip(edges[:-1], edges[1:]) if b > a]

@@ -1,0 +1,109 @@
+"""Parquet reader: only the text column, one row group at a time, through fsspec.
+
+Units: a whole file when a source has at least as many files as there are lanes (no footer is read
+to plan); otherwise row groups, and row ranges inside row groups when even those are fewer than the
+lanes, so that a one-file source still feeds every lane.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import fsspec
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from .base import LRU, RawChunk, SourceError, Unit, aligned_cuts, split_evenly
+
+_TEXT_TYPES = (pa.types.is_string, pa.types.is_large_string, pa.types.is_string_view)
+
+
+class ParquetReader:
+    """Reads ``text_field`` of Parquet files; coordinates are row numbers within a file."""
+
+    def __init__(self, fs: fsspec.AbstractFileSystem, source: str, text_field: str, chunk_rows: int) -> None:
+        self.fs = fs
+        self.source = source
+        self.text_field = text_field
+        self.chunk_rows = chunk_rows
+        self._files = LRU(64)
+        self._columns = LRU(8)
+
+    # -- metadata -------------------------------------------------------------------------------
+    def _open(self, path: str) -> pq.ParquetFile:
+        def make() -> pq.ParquetFile:
+            try:
+                handle = path if _is_local(self.fs) else self.fs.open(path, "rb")
+                return pq.ParquetFile(handle)
+            except FileNotFoundError as exc:
+                raise SourceError(f"source '{self.source}': file {path} is missing; it was listed when "
+                                  f"the run was planned. Restore it or start a new run.") from exc
+            except (pa.ArrowInvalid, OSError) as exc:
+                raise SourceError(f"source '{self.source}': {path} is not a readable Parquet file ({exc}). "
+                                  f"Re-write or remove the file.") from exc
+        return self._files.get(path, make)
+
+    def row_group_starts(self, path: str) -> np.ndarray:
+        """Cumulative row offsets of the row groups of ``path``: [0, n0, n0+n1, ..., total]."""
+        meta = self._open(path).metadata
+        sizes = [meta.row_group(i).num_rows for i in range(meta.num_row_groups)]
+        return np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)]).astype(np.int64)
+
+    # -- planning -------------------------------------------------------------------------------
+    def split_units(self, files: Sequence[str], lanes: int) -> list[Unit]:
+        if len(files) >= lanes:
+            return [Unit(i, 0, -1) for i in range(len(files))]
+        groups = []
+        for i, path in enumerate(files):
+            starts = self.row_group_starts(path)
+            groups += [(i, int(a), int(b)) for a, b in zip(starts[:-1], starts[1:]) if b > a]
+        parts = max(1, math.ceil(lanes / max(1, len(groups))))
+        return [Unit(i, a, b) for i, lo, hi in groups for a, b in split_evenly(lo, hi, parts)]
+
+    def chunk_bounds(self, path: str, unit: Unit, cursor: int) -> list[tuple[int, int]]:
+        starts = self.row_group_starts(path)
+        lo = unit.start if cursor < 0 else cursor
+        hi = int(starts[-1]) if unit.end < 0 else unit.end
+        out: list[tuple[int, int]] = []
+        for a, b in zip(starts[:-1].tolist(), starts[1:].tolist()):
+            if b <= lo or a >= hi:
+                continue
+            out += aligned_cuts(max(lo, a), min(hi, b), a, self.chunk_rows)
+        return out
+
+    # -- reading (runs on workers) ---------------------------------------------------------------
+    def _column(self, path: str, rg: int) -> pa.Array:
+        def make() -> pa.Array:
+            pf = self._open(path)
+            names = pf.schema_arrow.names
+            if self.text_field not in names:
+                raise SourceError(f"source '{self.source}': {path} has no column '{self.text_field}' "
+                                  f"(columns: {', '.join(names)}). Set text_field of this source to the "
+                                  f"column that holds the text.")
+            try:
+                table = pf.read_row_group(rg, columns=[self.text_field])
+            except (pa.ArrowInvalid, OSError) as exc:
+                raise SourceError(f"source '{self.source}': cannot read row group {rg} of {path} ({exc}). "
+                                  f"The file is corrupt or truncated: re-write or remove it.") from exc
+            col = table.column(0).combine_chunks()
+            if not any(check(col.type) for check in _TEXT_TYPES):
+                raise SourceError(f"source '{self.source}': column '{self.text_field}' of {path} has type "
+                                  f"{col.type}, not a string. Point text_field at a text column.")
+            return col
+        return self._columns.get((path, rg), make)
+
+    def read(self, path: str, start: int, end: int) -> RawChunk:
+        starts = self.row_group_starts(path)
+        rg = int(np.searchsorted(starts, start, side="right") - 1)
+        if end < 0:
+            end = int(starts[rg + 1])
+        if end > starts[rg + 1]:
+            raise AssertionError(f"chunk [{start}, {end}) crosses a row group of {path}")
+        col = self._column(path, rg).slice(start - int(starts[rg]), end - start)
+        return RawChunk(col.to_pylist(), np.arange(start + 1, end + 1, dtype=np.int64), end)
+
+
+def _is_local(fs: fsspec.AbstractFileSystem) -> bool:
+    return "file" in (fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,))
