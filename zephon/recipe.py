@@ -77,6 +77,7 @@ class Recipe:
     max_doc_tokens: int | None = None  # documents are split into pieces of at most this; default seq_len
     chunk_rows: int = 256  # rows per stateless read+tokenize task (Parquet, compressed JSONL)
     chunk_bytes: int = 1 << 20  # bytes per task for plain JSONL
+    unit_bytes: int = 64 << 20  # plain JSONL files are cut into units of at most this many bytes
     origin: str = "<dict>"  # the file it came from, for messages
 
     @property
@@ -102,7 +103,7 @@ _SOURCE_KEYS = {f.name for f in dataclasses.fields(SourceSpec)}
 _MIX_KEYS = {"by"}
 _SHUFFLE_KEYS = {"buffer"}
 _SPLIT_KEYS = {"max_doc_tokens"}
-_READ_KEYS = {"chunk_rows", "chunk_bytes"}
+_READ_KEYS = {"chunk_rows", "chunk_bytes", "unit_bytes"}
 
 
 def _check_keys(table: Mapping[str, Any], allowed: set[str], where: str, origin: str) -> None:
@@ -174,6 +175,7 @@ def recipe_from_dict(data: Mapping[str, Any], base_dir: str | os.PathLike | None
         max_doc_tokens=data.get("split", {}).get("max_doc_tokens"),
         chunk_rows=int(data.get("read", {}).get("chunk_rows", 256)),
         chunk_bytes=int(data.get("read", {}).get("chunk_bytes", 1 << 20)),
+        unit_bytes=int(data.get("read", {}).get("unit_bytes", 64 << 20)),
         origin=origin,
     )
     return _validate(recipe)
@@ -198,7 +200,7 @@ def _positive(value: int, name: str, origin: str) -> None:
 
 def _validate(r: Recipe) -> Recipe:
     o = r.origin
-    for name in ("lanes", "seq_len", "batch_per_lane", "flush_every", "chunk_rows", "chunk_bytes"):
+    for name in ("lanes", "seq_len", "batch_per_lane", "flush_every", "chunk_rows", "chunk_bytes", "unit_bytes"):
         _positive(getattr(r, name), name, o)
     if r.seq_len < 2:
         raise RecipeError(f"{o}: 'seq_len' must be at least 2, got {r.seq_len}.")

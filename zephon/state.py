@@ -50,6 +50,7 @@ def recipe_summary(recipe: Recipe, plan: WorkPlan) -> dict[str, Any]:
                       "pad_id": t.pad_id, "pat_str": t.pat_str},
         "pack": {"algorithm": recipe.pack.algorithm, "max_open_bins": recipe.pack.max_open_bins},
         "mix_by": recipe.mix_by, "shuffle_buffer": recipe.shuffle_buffer, "split_len": recipe.split_len,
+        "unit_bytes": recipe.unit_bytes,
         "sources": sources,
     }
 

@@ -17,5 +17,5 @@ def make_reader(recipe: Recipe, source: SourceSpec, fs: fsspec.AbstractFileSyste
     if source.format == "parquet":
         return ParquetReader(fs, source.name, source.text_field, recipe.chunk_rows)
     if source.format == "jsonl":
-        return JsonlReader(fs, source.name, source.text_field, recipe.chunk_bytes)
+        return JsonlReader(fs, source.name, source.text_field, recipe.chunk_bytes, recipe.unit_bytes)
     raise SourceError(f"source '{source.name}': no reader for format '{source.format}'.")

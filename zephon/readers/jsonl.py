@@ -31,11 +31,12 @@ class JsonlReader:
     """Reads ``text_field`` of JSON Lines files (``.jsonl``, ``.jsonl.gz``, ``.jsonl.zst``)."""
 
     def __init__(self, fs: fsspec.AbstractFileSystem, source: str, text_field: str,
-                 chunk_bytes: int) -> None:
+                 chunk_bytes: int, unit_bytes: int) -> None:
         self.fs = fs
         self.source = source
         self.text_field = text_field
         self.chunk_bytes = chunk_bytes
+        self.unit_bytes = unit_bytes
         self._sizes = LRU(256)
         self._lines = LRU(2)
 
@@ -63,12 +64,22 @@ class JsonlReader:
 
     # -- planning -------------------------------------------------------------------------------
     def split_units(self, files: Sequence[str], lanes: int) -> list[Unit]:
-        if len(files) >= lanes:
-            return [Unit(i, 0, -1) for i in range(len(files))]
-        parts = math.ceil(lanes / len(files))
+        """Plain files: byte ranges of at most ``unit_bytes`` (and at least lanes/files per file).
+        Compressed files: whole files, or line ranges when there are fewer files than lanes."""
+        few = len(files) < lanes
+        parts = math.ceil(lanes / len(files)) if few else 1
         units = []
         for i, path in enumerate(files):
-            total = len(self._all_lines(path)) if compression_of(path) else self._size(path)
+            if compression_of(path):
+                if not few:
+                    units.append(Unit(i, 0, -1))
+                    continue
+                total = len(self._all_lines(path))
+            else:
+                total = self._size(path)
+                parts_i = max(parts, math.ceil(total / self.unit_bytes))
+                units += [Unit(i, a, b) for a, b in split_evenly(0, total, parts_i)]
+                continue
             units += [Unit(i, a, b) for a, b in split_evenly(0, total, parts)]
         return units
 

@@ -1,0 +1,118 @@
+"""Shared fixtures: a small real-text corpus and tokenizers trained on it, all built locally."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+from pathlib import Path
+from typing import Any, Callable
+
+import pyarrow.parquet as pq
+import pytest
+
+from zephon import Recipe, recipe_from_dict
+from zephon.demo import stdlib_documents, train_sentencepiece, write_corpus
+
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+CORPUS_FILES = 70  # standard-library files mined for documents: ~2.5k documents, seconds to build
+
+
+@pytest.fixture(scope="session")
+def corpus(tmp_path_factory) -> Path:
+    """``web/*.parquet`` (8 files, row groups of 6) and ``code/*.jsonl`` (4 files) of real text."""
+    root = tmp_path_factory.mktemp("corpus")
+    write_corpus(root, max_files=CORPUS_FILES, prose_files=8, code_files=4, row_group_size=6)
+    return root
+
+
+@pytest.fixture(scope="session")
+def corpus_texts(corpus) -> list[str]:
+    texts = []
+    for f in sorted((corpus / "web").glob("*.parquet")):
+        texts += pq.read_table(f, columns=["text"]).column(0).to_pylist()
+    for f in sorted((corpus / "code").glob("*.jsonl")):
+        texts += [json.loads(line)["text"] for line in f.read_text().splitlines()]
+    return texts
+
+
+@pytest.fixture(scope="session")
+def sp_model(tmp_path_factory, corpus_texts) -> Path:
+    return train_sentencepiece(tmp_path_factory.mktemp("sp") / "tok.model", corpus_texts, vocab_size=600)
+
+
+@pytest.fixture(scope="session")
+def hf_tokenizer(tmp_path_factory, corpus_texts) -> Path:
+    """A byte-level BPE ``tokenizer.json`` trained with Hugging Face ``tokenizers``."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=700, special_tokens=["<|endoftext|>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator(corpus_texts, trainer)
+    path = tmp_path_factory.mktemp("hf") / "tokenizer.json"
+    tok.save(str(path))
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiktoken_file(tmp_path_factory, hf_tokenizer) -> Path:
+    """A ``.tiktoken`` BPE file: the byte-level BPE above, its tokens mapped back to raw bytes."""
+    from tokenizers import pre_tokenizers
+
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    # GPT-2's byte <-> unicode table, rebuilt (printable bytes map to themselves, others shift up).
+    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + \
+        list(range(ord("®"), ord("ÿ") + 1))
+    table, extra = {}, 0
+    for b in range(256):
+        if b in printable:
+            table[chr(b)] = b
+        else:
+            table[chr(256 + extra)] = b
+            extra += 1
+    assert set(table) == set(alphabet)
+    vocab = json.loads(hf_tokenizer.read_text())["model"]["vocab"]
+    ranks: dict[bytes, int] = {bytes([b]): b for b in range(256)}
+    for token, _ in sorted(vocab.items(), key=lambda kv: kv[1]):
+        if token.startswith("<|"):
+            continue
+        raw = bytes(table[c] for c in token)
+        ranks.setdefault(raw, len(ranks))
+    path = tmp_path_factory.mktemp("tt") / "tok.tiktoken"
+    path.write_text("".join(f"{base64.b64encode(k).decode()} {v}\n" for k, v in ranks.items()))
+    return path
+
+
+def base_recipe_dict(corpus: Path, tokenizer: dict[str, Any]) -> dict[str, Any]:
+    """A small two-source recipe that exercises every mechanism in a few steps."""
+    return {
+        "seed": 7, "lanes": 16, "seq_len": 64, "batch_per_lane": 2, "flush_every": 2,
+        "tokenizer": tokenizer,
+        "pack": {"algorithm": "best_fit", "max_open_bins": 4},
+        "read": {"chunk_rows": 4, "chunk_bytes": 1024, "unit_bytes": 4096},
+        "sources": [
+            {"name": "web", "path": str(corpus / "web"), "format": "parquet", "text_field": "text",
+             "weight": 0.7},
+            {"name": "code", "path": str(corpus / "code" / "*.jsonl"), "format": "jsonl",
+             "text_field": "text", "weight": 0.3},
+        ],
+    }
+
+
+@pytest.fixture(scope="session")
+def make_recipe(corpus, sp_model) -> Callable[..., Recipe]:
+    """``make_recipe(lanes=32, pack={"algorithm": "wrap"}, ...)``: the base recipe with overrides."""
+
+    def make(**overrides: Any) -> Recipe:
+        data = base_recipe_dict(corpus, {"kind": "sentencepiece", "path": str(sp_model)})
+        for key, value in overrides.items():
+            if isinstance(value, dict) and isinstance(data.get(key), dict):
+                data[key] = {**data[key], **value}
+            else:
+                data[key] = value
+        return recipe_from_dict(data)
+
+    return make

@@ -1,0 +1,400 @@
+"""The ``zephon`` command line: make the demo corpus, stream a recipe, verify determinism, inspect a plan.
+
+    zephon demo recipes                      # corpus + tokenizer next to recipes/quickstart.toml
+    zephon inspect recipes/quickstart.toml   # what the work plan will read, lane by lane
+    zephon run recipes/quickstart.toml --world-size 8 --rank 3 --steps 50 --save-state s.json
+    zephon run recipes/quickstart.toml --world-size 4 --rank 1 --steps 50 --resume s.json
+    zephon verify recipes/quickstart.toml --world-sizes 1,8,16,32 --steps 20 --resume-at 9
+
+Errors in the user's input (recipe, sources, checkpoints, world sizes) are reported as one line,
+``zephon: error: <message>``, with exit status 2; ``verify`` exits 1 when batches disagree.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+EXIT_OK, EXIT_MISMATCH, EXIT_USAGE = 0, 1, 2
+PROG = "zephon"
+
+
+class CliError(Exception):
+    """A usage problem found by the CLI itself (reported like the library's errors, exit 2)."""
+
+
+# -- helpers ----------------------------------------------------------------------------------------
+def _int_list(text: str) -> list[int]:
+    """``"1,8,16"`` -> ``[1, 8, 16]`` (argparse type; a clear message on bad input)."""
+    try:
+        values = [int(part) for part in text.replace(" ", "").split(",") if part != ""]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if not values:
+        raise argparse.ArgumentTypeError(f"expected at least one integer, got {text!r}")
+    return values
+
+
+def _non_negative(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {value}")
+    return value
+
+
+def _positive(text: str) -> int:
+    value = _non_negative(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {value}")
+    return value
+
+
+def _human(n: float) -> str:
+    for unit in ("", "k", "M", "G"):
+        if abs(n) < 1000:
+            return f"{n:.1f}{unit}" if unit else f"{n:.0f}"
+        n /= 1000
+    return f"{n:.1f}T"
+
+
+def _out(text: str = "") -> None:
+    print(text, file=sys.stdout, flush=True)
+
+
+def _load_states(paths: Sequence[str]) -> dict[str, Any]:
+    """Read one or more loader-state files (e.g. every rank's) and merge them into one state."""
+    from .state import StateError, load_state, merge_states
+
+    states = []
+    for path in paths:
+        if not Path(path).is_file():
+            raise FileNotFoundError(f"state file not found: {path}")
+        try:
+            states.append(load_state(path))
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise StateError(f"{path}: not a JSON loader state ({exc}); pass a file written by "
+                             f"`zephon run --save-state` or zephon.save_state().") from None
+    for path, state in zip(paths, states):
+        if not isinstance(state, dict) or "lanes" not in state:
+            raise StateError(f"{path}: not a Zephon loader state; pass a file written by "
+                             f"`zephon run --save-state` or zephon.save_state().")
+    return merge_states(states)
+
+
+def _check_world_size(lanes: int, world_size: int) -> None:
+    from .loader import lanes_of_rank
+
+    lanes_of_rank(lanes, 0, world_size)  # raises ValueError naming both numbers
+
+
+# -- demo -------------------------------------------------------------------------------------------
+def cmd_demo(args: argparse.Namespace) -> int:
+    out = Path(args.out_dir)
+    model, data = out / "tok.model", out / "data"
+    if model.is_file() and data.is_dir() and not args.force:
+        _out(f"demo data already present in {out}/ (data/ and tok.model); nothing to do "
+             f"(use --force to regenerate).")
+        return EXIT_OK
+    from .demo import make_demo
+
+    started = time.perf_counter()
+    counts = make_demo(out, args.max_files, args.vocab_size)
+    elapsed = time.perf_counter() - started
+    _out(f"wrote the demo corpus and tokenizer to {out}/ in {elapsed:.1f}s:")
+    for sub, kind in (("web", "prose"), ("code", "code")):
+        files = sorted((data / sub).glob("*"))
+        size = sum(f.stat().st_size for f in files)
+        _out(f"  {data / sub}/  {len(files)} files, {size / 1e6:.1f} MB, {counts.get(kind, 0)} {kind} documents")
+    _out(f"  {model}  SentencePiece BPE, vocab {args.vocab_size}, {model.stat().st_size / 1e3:.0f} kB")
+    recipes = sorted(out.glob("*.toml"))
+    hint = recipes[0] if recipes else f"<a recipe in {out}/, e.g. a copy of recipes/quickstart.toml>"
+    _out(f"next: zephon run {hint} --steps 20")
+    return EXIT_OK
+
+
+# -- run --------------------------------------------------------------------------------------------
+def cmd_run(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    from .collate import batch_digest
+    from .loader import build_loader
+    from .recipe import load_recipe
+    from .state import save_state
+
+    recipe = load_recipe(args.recipe)
+    _check_world_size(recipe.lanes, args.world_size)
+    state = _load_states(args.resume) if args.resume else None
+    with build_loader(recipe, rank=args.rank, world_size=args.world_size, num_workers=args.num_workers,
+                      runner=args.runner) as loader:
+        if state is not None:
+            loader.load_state_dict(state)
+        lanes = loader.lanes
+        rows = len(lanes) * recipe.batch_per_lane
+        _out(f"recipe {args.recipe}: rank {args.rank} of {args.world_size} owns lanes "
+             f"{lanes.start}..{lanes.stop - 1} ({rows} x {recipe.seq_len} tokens per batch); "
+             + (f"{args.num_workers} {args.runner} workers" if args.num_workers else "inline (no workers)")
+             + (f"; resumed at step {loader.step} from {', '.join(args.resume)}" if state is not None else ""))
+        bar = tqdm(total=args.steps * rows * recipe.seq_len, unit="tok", unit_scale=True, file=sys.stderr,
+                   disable=True if args.quiet else None, desc="zephon run", dynamic_ncols=True, leave=False)
+        tokens = real = 0
+        started = time.perf_counter()
+        try:
+            for i in range(args.steps):
+                batch = next(loader)
+                n = batch["input_ids"].numel()
+                tokens += n
+                real += int((batch["segment_ids"] != 0).sum())
+                bar.update(n)
+                if args.hash_every and ((i + 1) % args.hash_every == 0 or i + 1 == args.steps):
+                    rate = tokens / max(time.perf_counter() - started, 1e-9)
+                    line = (f"step {loader.step:6d}  sha256 {batch_digest(batch)}  "
+                            f"tok/s {_human(rate):>7}  non-pad {real / tokens:.4f}")
+                    if bar.disable:
+                        _out(line)
+                    else:
+                        bar.write(line, file=sys.stdout)
+        finally:
+            bar.close()
+        elapsed = time.perf_counter() - started
+        m = loader.metrics()
+        _out(f"summary: {args.steps} steps, {tokens} tokens in {elapsed:.2f}s "
+             f"({_human(tokens / max(elapsed, 1e-9))} tok/s here, {_human(m['tokens_per_s'])} tok/s loader)")
+        _out(f"  pad_fraction {m['pad_fraction']:.4%}  flush_pad_fraction {m['flush_pad_fraction']:.4%}  "
+             f"flushes {m['flushes']}  docs {m['docs']}  pieces_split {m['pieces_split']}  "
+             f"skipped_records {m['skipped_records']}")
+        share = "  ".join(f"{k} {v:.3f}" for k, v in sorted(m["source_token_share"].items()))
+        weights = sum(s.weight for s in recipe.sources)
+        target = "  ".join(f"{s.name} {s.weight / weights:.3f}" for s in recipe.sources)
+        _out(f"  source_token_share {share or '-'}  (target {target}, by {recipe.mix_by})")
+        if args.save_state:
+            save_state(loader.state_dict(), args.save_state)
+            note = "" if args.world_size == 1 else (
+                f" (lanes {lanes.start}..{lanes.stop - 1} only: to resume on another world size, pass every "
+                f"rank's file to --resume)")
+            _out(f"saved loader state at step {loader.step} to {args.save_state}{note}")
+    return EXIT_OK
+
+
+# -- verify -----------------------------------------------------------------------------------------
+def cmd_verify(args: argparse.Namespace) -> int:
+    from .recipe import load_recipe
+    from .verify import verify
+
+    recipe = load_recipe(args.recipe)
+    for w in args.world_sizes:
+        _check_world_size(recipe.lanes, w)
+    if args.resume_at is not None and not 0 <= args.resume_at < args.steps:
+        raise CliError(f"--resume-at {args.resume_at} must be in [0, --steps={args.steps}): it is the step "
+                       f"at which the checkpoint is taken before the remaining steps are replayed.")
+    started = time.perf_counter()
+    report = verify(recipe, args.world_sizes, args.steps, args.resume_at, args.num_workers, args.runner)
+    elapsed = time.perf_counter() - started
+    header = ("config", "steps", "agree?", "first differing step")
+    table = [(name, str(report.steps), "yes" if ok else "NO",
+              "-" if ok else (str(bad) if bad >= 0 else "(run ended early)"))
+             for name, bad, ok in report.rows]
+    widths = [max(len(r[i]) for r in [header, *table]) for i in range(len(header))]
+    fmt = " | ".join(f"{{:<{w}}}" for w in widths)
+    _out(f"recipe {args.recipe}: {recipe.lanes} lanes, global batch {recipe.global_batch_size} x "
+         f"{recipe.seq_len}; reference: world size 1, inline")
+    _out(fmt.format(*header))
+    _out("-+-".join("-" * w for w in widths))
+    for row in table:
+        _out(fmt.format(*row))
+    last = report.reference[-1] if report.reference else "-"
+    _out(f"reference sha256 of global batch {report.steps - 1}: {last}")
+    bad_rows = [name for name, _, ok in report.rows if not ok]
+    if bad_rows:
+        _out(f"MISMATCH in {len(bad_rows)} of {len(report.rows)} configurations ({elapsed:.1f}s)")
+        return EXIT_MISMATCH
+    _out(f"OK: all {len(report.rows)} configurations agree ({elapsed:.1f}s)")
+    return EXIT_OK
+
+
+# -- inspect ----------------------------------------------------------------------------------------
+def _coordinate(fmt: str, path: str) -> str:
+    if fmt == "parquet":
+        return "rows"
+    from .readers.jsonl import compression_of
+
+    return "lines" if compression_of(path) else "bytes"
+
+
+def inspect_plan(recipe_path: str, lanes_shown: int = 4, units_shown: int = 3) -> dict[str, Any]:
+    """The recipe, its sources' plans and the first units of the first lanes, as plain data."""
+    from .plan import WorkPlan
+    from .recipe import load_recipe
+
+    recipe = load_recipe(recipe_path)
+    plan = WorkPlan(recipe)
+    total_weight = sum(s.weight for s in recipe.sources)
+    info: dict[str, Any] = {
+        "recipe": str(recipe_path), "seed": recipe.seed, "lanes": recipe.lanes, "seq_len": recipe.seq_len,
+        "batch_per_lane": recipe.batch_per_lane, "global_batch_size": recipe.global_batch_size,
+        "flush_every": recipe.flush_every,
+        "tokenizer": {"kind": recipe.tokenizer.kind, "path": recipe.tokenizer.path},
+        "pack": {"algorithm": recipe.pack.algorithm, "max_open_bins": recipe.pack.max_open_bins},
+        "mix_by": recipe.mix_by, "shuffle_buffer": recipe.shuffle_buffer, "split_len": recipe.split_len,
+        "sources": [], "lanes_shown": [],
+    }
+    for sp in plan.sources:
+        info["sources"].append({
+            "name": sp.spec.name, "format": sp.spec.format, "paths": list(sp.spec.path),
+            "text_field": sp.spec.text_field, "files": len(sp.files), "units": len(sp.units),
+            "units_per_lane": len(sp.units) / recipe.lanes, "weight": sp.spec.weight,
+            "share": sp.spec.weight / total_weight,
+        })
+    for lane in range(min(lanes_shown, recipe.lanes)):
+        per_source = {}
+        for sp in plan.sources:
+            units = []
+            for i in range(units_shown):
+                u = sp.lane_unit(lane, i)
+                path = sp.files[u.file]
+                units.append({"file": os.path.basename(path), "start": u.start,
+                              "end": None if u.end < 0 else u.end, "unit": _coordinate(sp.spec.format, path)})
+            per_source[sp.spec.name] = units
+        info["lanes_shown"].append({"lane": lane, "units": per_source})
+    return info
+
+
+def cmd_inspect(args: argparse.Namespace) -> int:
+    info = inspect_plan(args.recipe, args.lanes_shown)
+    if args.json:
+        _out(json.dumps(info, indent=2))
+        return EXIT_OK
+    _out(f"recipe {info['recipe']}")
+    _out(f"  seed {info['seed']}  lanes {info['lanes']}  seq_len {info['seq_len']}  "
+         f"batch_per_lane {info['batch_per_lane']}  global batch {info['global_batch_size']}  "
+         f"flush_every {info['flush_every']}")
+    _out(f"  tokenizer {info['tokenizer']['kind']} {info['tokenizer']['path']}")
+    _out(f"  pack {info['pack']['algorithm']} (max_open_bins {info['pack']['max_open_bins']})  "
+         f"mix_by {info['mix_by']}  shuffle_buffer {info['shuffle_buffer']}  split_len {info['split_len']}")
+    _out(f"sources ({len(info['sources'])}):")
+    for s in info["sources"]:
+        _out(f"  {s['name']}: {s['format']} {', '.join(s['paths'])}")
+        _out(f"    {s['files']} files, {s['units']} units, {s['units_per_lane']:.2f} units/lane, "
+             f"weight {s['weight']:g} (share {s['share']:.3f})")
+    _out(f"first units of lanes 0..{len(info['lanes_shown']) - 1}:")
+    for entry in info["lanes_shown"]:
+        _out(f"  lane {entry['lane']}:")
+        for name, units in entry["units"].items():
+            shown = ", ".join(f"{u['file']}[{u['start']}:{'' if u['end'] is None else u['end']}) {u['unit']}"
+                              for u in units)
+            _out(f"    {name}: {shown}")
+    return EXIT_OK
+
+
+# -- parser -----------------------------------------------------------------------------------------
+def build_parser() -> argparse.ArgumentParser:
+    from . import __version__
+
+    parser = argparse.ArgumentParser(
+        prog=PROG, formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Zephon: an elastic-deterministic data loader for LLM pre-training. The same global "
+                    "batches, byte for byte, on any number of data-parallel ranks and workers, and after "
+                    "resuming on a different rank count.",
+        epilog="examples:\n"
+               "  zephon demo recipes\n"
+               "  zephon inspect recipes/quickstart.toml\n"
+               "  zephon run recipes/quickstart.toml --world-size 8 --rank 0 --steps 20\n"
+               "  zephon verify recipes/quickstart.toml --world-sizes 1,8,16,32 --steps 10 --resume-at 5")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    p = sub.add_parser("demo", help="write the demo corpus and tokenizer (from Python's standard library)",
+                       description="Write OUT_DIR/data/{web,code} (prose as Parquet, code as JSON Lines, mined "
+                                   "from Python's standard library, no network) and a SentencePiece tokenizer "
+                                   "OUT_DIR/tok.model, as recipes/quickstart.toml expects next to it.")
+    p.add_argument("out_dir", metavar="OUT_DIR", help="folder to write data/ and tok.model into (e.g. recipes)")
+    p.add_argument("--max-files", type=_positive, default=None, metavar="N",
+                   help="mine only the first N standard-library files (default: all)")
+    p.add_argument("--vocab-size", type=_positive, default=8000, metavar="V",
+                   help="SentencePiece vocabulary size (default: 8000)")
+    p.add_argument("--force", action="store_true", help="regenerate even if data/ and tok.model exist")
+    p.set_defaults(func=cmd_demo)
+
+    p = sub.add_parser("run", help="stream a recipe's batches for one rank, with hashes and throughput",
+                       description="Build the loader of rank R of W for RECIPE and stream N batches, printing "
+                                   "each batch's SHA-256 (comparable with `zephon verify` and "
+                                   "zephon.batch_digest), the running throughput and the non-padding fraction; "
+                                   "then a summary of the loader's metrics.")
+    p.add_argument("recipe", metavar="RECIPE", help="recipe TOML file")
+    p.add_argument("--world-size", type=_positive, default=1, metavar="W",
+                   help="data-parallel world size; must divide the recipe's lanes (default: 1)")
+    p.add_argument("--rank", type=_non_negative, default=0, metavar="R", help="data-parallel rank (default: 0)")
+    p.add_argument("--steps", type=_non_negative, default=100, metavar="N",
+                   help="batches to stream (after the resumed step, with --resume; default: 100)")
+    p.add_argument("--num-workers", type=_non_negative, default=0, metavar="K",
+                   help="read/tokenize workers; 0 runs inline (default: 0). Changes speed, never the batches")
+    p.add_argument("--runner", choices=("thread", "process"), default="thread",
+                   help="worker kind when --num-workers > 0 (default: thread)")
+    p.add_argument("--save-state", metavar="PATH", help="write the loader state (JSON) here at the end")
+    p.add_argument("--resume", metavar="PATH", action="append",
+                   help="resume from a loader state file; repeat it to pass every rank's file of a "
+                        "checkpoint (they are merged), so any world size can resume")
+    p.add_argument("--quiet", action="store_true", help="no progress bar on stderr")
+    p.add_argument("--hash-every", type=_non_negative, default=1, metavar="K",
+                   help="print a step line (hash, throughput) every K steps and at the last; 0: summary only "
+                        "(default: 1)")
+    p.set_defaults(func=cmd_run)
+
+    p = sub.add_parser("verify", help="check that world sizes, workers and resumes give identical batches",
+                       description="Hash every global batch (SHA-256 of the rank batches in rank order) for each "
+                                   "world size, simulated in this process, and compare with a single-rank "
+                                   "reference; with --resume-at K also checkpoint at step K on each world size "
+                                   "and resume on the next one in the list. Exit status 1 on any mismatch.")
+    p.add_argument("recipe", metavar="RECIPE", help="recipe TOML file")
+    p.add_argument("--world-sizes", type=_int_list, default=[1, 2, 4, 8], metavar="W1,W2,...",
+                   help="world sizes to compare, each dividing the lanes (default: 1,2,4,8)")
+    p.add_argument("--steps", type=_positive, default=10, metavar="N", help="global batches per run (default: 10)")
+    p.add_argument("--resume-at", type=_non_negative, default=None, metavar="K",
+                   help="also checkpoint after K steps and resume on the next world size of the list")
+    p.add_argument("--num-workers", type=_int_list, default=[0], metavar="K1,K2,...",
+                   help="worker counts to try for each world size (default: 0)")
+    p.add_argument("--runner", choices=("thread", "process"), default="thread",
+                   help="worker kind for worker counts > 0 (default: thread)")
+    p.set_defaults(func=cmd_verify)
+
+    p = sub.add_parser("inspect", help="show a recipe's sources, units and which units the first lanes read",
+                       description="Load RECIPE and its work plan; print the recipe header, each source's files, "
+                                   "units and mixture share, and the first units the first lanes read.")
+    p.add_argument("recipe", metavar="RECIPE", help="recipe TOML file")
+    p.add_argument("--lanes-shown", type=_non_negative, default=4, metavar="N",
+                   help="lanes whose first units are listed (default: 4)")
+    p.add_argument("--json", action="store_true", help="print the same information as JSON")
+    p.set_defaults(func=cmd_inspect)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``zephon`` command (and ``python -m zephon``); returns the exit status."""
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # --help, --version, usage errors: argparse already printed
+        return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else EXIT_USAGE)
+    from .readers import SourceError
+
+    try:
+        return args.func(args)
+    except (CliError, ValueError, SourceError, OSError) as exc:
+        # RecipeError and StateError are ValueErrors; FileNotFoundError is an OSError.
+        message = str(exc).strip() or type(exc).__name__
+        print(f"{PROG}: error: {message}", file=sys.stderr, flush=True)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print(f"{PROG}: interrupted", file=sys.stderr, flush=True)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
