@@ -106,7 +106,15 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from .demo import make_demo
 
     started = time.perf_counter()
-    counts = make_demo(out, args.max_files, args.vocab_size)
+    try:
+        counts = make_demo(out, args.max_files, args.vocab_size)
+    except RuntimeError as exc:  # SentencePiece reports bad training settings as RuntimeError("INTERNAL: ...")
+        reason = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
+        reason = reason.split("] ", 1)[-1].strip()
+        if "input_sentence_size" in reason:
+            reason = "SentencePiece needs more than 100 training sentences (the demo uses every third document)"
+        raise CliError(f"training the demo tokenizer failed: {reason} (adjust --vocab-size, or mine more "
+                       f"documents with a larger --max-files)") from None
     elapsed = time.perf_counter() - started
     _out(f"wrote the demo corpus and tokenizer to {out}/ in {elapsed:.1f}s:")
     for sub, kind in (("web", "prose"), ("code", "code")):

@@ -33,6 +33,7 @@ class TokenizedChunk:
     source: int
     unit_seq: int
     unit_end: bool
+    start_cursor: int
     tokens: np.ndarray  # int32 [T]
     offsets: np.ndarray  # int64 [n+1]
     next_cursors: np.ndarray  # int64 [n]
@@ -61,7 +62,7 @@ class ChunkWorker:
     def __call__(self, task: ChunkTask) -> TokenizedChunk:
         if task.empty:
             empty = np.zeros(0, dtype=np.int64)
-            return TokenizedChunk(task.source, task.unit_seq, True, np.zeros(0, np.int32), np.zeros(1, np.int64),
+            return TokenizedChunk(task.source, task.unit_seq, True, task.start, np.zeros(0, np.int32), np.zeros(1, np.int64),
                                   empty, task.end, 0, 0)
         reader = self.readers[task.source]
         raw = reader.read(task.path, task.start, task.end)
@@ -78,7 +79,7 @@ class ChunkWorker:
                 if nz.any() else np.zeros(0, np.int32)
             offsets = np.concatenate([[0], np.cumsum(lengths[nz])]).astype(np.int64)
             cursors = cursors[nz]
-        return TokenizedChunk(task.source, task.unit_seq, task.unit_end, tokens, offsets, cursors,
+        return TokenizedChunk(task.source, task.unit_seq, task.unit_end, task.start, tokens, offsets, cursors,
                               raw.end_cursor, len(texts), len(texts) - (len(offsets) - 1))
 
 

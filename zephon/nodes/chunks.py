@@ -51,14 +51,23 @@ class ReorderBuffer(BaseNode[TokenizedChunk]):
     def reset(self, initial_state: dict | None = None) -> None:
         super().reset(initial_state)
         self._pending.clear()
-        self.tasks.reset(initial_state)
+        self._exhausted = False
+        self.tasks.reset(None if initial_state is None else
+                         {"unit_seq": initial_state["unit_seq"], "cursor": initial_state["cursor"]})
 
     def _fill(self) -> None:
-        while len(self._pending) < self.depth:
-            self._pending.append(self.runner.submit(next(self.tasks)))
+        while not self._exhausted and len(self._pending) < self.depth:
+            try:
+                task = next(self.tasks)
+            except StopIteration:
+                self._exhausted = True
+                return
+            self._pending.append(self.runner.submit(task))
 
     def next(self) -> TokenizedChunk:
         self._fill()
+        if not self._pending:
+            raise StopIteration
         result = self._pending.popleft().result()
         self._fill()  # keep the workers busy while the accumulator digests this chunk
         return result

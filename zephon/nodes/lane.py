@@ -1,6 +1,6 @@
 """One lane: its operator chain, its ``batch_per_lane`` rows per step, and its tiny state.
 
-The chain is ``chunks -> reorder buffer -> mix -> split -> shuffle -> pack`` and this node takes
+The chain is ``chunks -> reorder buffer -> mix (+split) -> shuffle -> pack`` and this node takes
 ``batch_per_lane`` rows per global step. It watches the flush sentinels go by, so it always knows
 the position of the last sentinel *before the last row it delivered* and how many rows it has
 delivered since. That pair is the lane's whole checkpoint (:class:`LaneState`): to resume, the chain
@@ -22,7 +22,6 @@ from .items import Flush, LaneCounters, Row
 from .mix import Mixer
 from .pack import Packer
 from .shuffle import ShuffleBuffer
-from .split import Splitter
 
 
 @dataclass(frozen=True)
@@ -30,7 +29,8 @@ class LaneState:
     """A lane's resumable state: where its last flush sentinel stood, and rows delivered since.
 
     ``epoch``: number of sentinels before that point; ``positions``: per source name,
-    ``[unit_seq, cursor]`` of its reader (cursor -1: start of the unit); ``rows_since_flush``:
+    ``[unit_seq, cursor, offset]`` of its reader (cursor -1: start of the unit; offset: tokens of the
+    document at the cursor already taken, when a long document was cut there); ``rows_since_flush``:
     rows of this lane delivered to the trainer after that sentinel.
     """
 
@@ -43,12 +43,12 @@ class LaneState:
 
     @staticmethod
     def from_dict(d: dict[str, Any]) -> "LaneState":
-        return LaneState(int(d["epoch"]), {k: [int(v[0]), int(v[1])] for k, v in d["positions"].items()},
+        return LaneState(int(d["epoch"]), {k: [int(v[0]), int(v[1]), int(v[2])] for k, v in d["positions"].items()},
                          int(d["rows_since_flush"]))
 
     @staticmethod
     def initial(names: Sequence[str]) -> "LaneState":
-        return LaneState(0, {n: [0, -1] for n in names}, 0)
+        return LaneState(0, {n: [0, -1, 0] for n in names}, 0)
 
 
 class Lane(BaseNode[list[Row]]):
@@ -69,9 +69,7 @@ class Lane(BaseNode[list[Row]]):
         positions = [tuple(state.positions[n]) for n in self.names]
         node: BaseNode = Mixer(streams, [s.weight for s in r.sources], r.mix_by, r.flush_every, state.epoch,
                                positions, self.counters, self.names,
-                               [2 * len(s.units) + r.lanes for s in self.plan.sources])
-        node = Splitter(node, r.split_len if r.pack.algorithm != "wrap" else (r.max_doc_tokens or 1 << 62),
-                        self.counters)
+                               [2 * len(s.units) + r.lanes for s in self.plan.sources], r.split_len)
         if r.shuffle_buffer > 0:
             node = ShuffleBuffer(node, r.shuffle_buffer, r.seed, self.lane, state.epoch)
         return Packer(node, r.seq_len, r.pack.algorithm, r.pack.max_open_bins, self.counters)

@@ -1,18 +1,21 @@
-"""Deterministic per-lane mixing, and the origin of flush sentinels.
+"""Deterministic per-lane mixing, document splitting, and the origin of flush sentinels.
 
-The mixer is the lane's first accumulator. It takes documents from each source's chunk stream in
-order and decides, by integer arithmetic alone, which source gives the next document: stride
+The mixer is the lane's first accumulator. It takes *pieces* (documents, cut into runs of at most
+``piece_len`` tokens) from each source's chunk stream in order and decides, by integer arithmetic
+alone, which source gives the next piece: stride
 scheduling over the weights. Each source ``s`` has a counter ``c_s`` (tokens or documents taken
 since the last flush) and an integer stride ``m_s = M / w_s`` (``M`` the lcm of the integer
 weights); the next document comes from the source with the smallest ``c_s * m_s``, lowest index on
-ties. After any prefix, each source's share is within one document of its weight: the mixture is
-exact over every window, not a random draw.
+ties. After any prefix, each source's share is within one piece (at most ``piece_len`` tokens) of
+its weight: the mixture is exact over every window, not a random draw, even with very long
+documents. A piece that is not its document's last carries the next token as its tail label.
 
 Worked example, weights 0.7/0.3 by documents (integer weights 7 and 3, M = 21, strides 3 and 7)::
 
     picks: web code web web code web web code web web ... (7 web and 3 code in every 10)
 
-The mixer also tracks where each source's reader stands, ``(unit_seq, cursor)``, and counts
+The mixer also tracks where each source's reader stands, ``(unit_seq, cursor, offset)`` (the
+cursor at the current document, and tokens of it already taken), and counts
 completed units. Every ``flush_every`` completed units it emits a :class:`Flush` sentinel carrying
 those positions, resets its counters, and starts choosing afresh, exactly as a mixer built from the
 positions would. A choice interrupted by a flush (an empty unit completed while looking for a
@@ -49,8 +52,10 @@ class Mixer(BaseNode):
 
     def __init__(self, streams: Sequence[BaseNode[TokenizedChunk]], weights: Sequence[float], by: str,
                  flush_every: int, epoch: int, positions: Sequence[tuple[int, int]],
-                 counters: LaneCounters, names: Sequence[str], max_empty_units: Sequence[int]) -> None:
+                 counters: LaneCounters, names: Sequence[str], max_empty_units: Sequence[int],
+                 piece_len: int) -> None:
         super().__init__()
+        self.piece_len = piece_len
         self.streams = list(streams)
         self.strides = integer_strides(weights)
         self.by_tokens = by == "tokens"
@@ -71,6 +76,7 @@ class Mixer(BaseNode):
             stream.reset({"unit_seq": self._positions[s][0], "cursor": self._positions[s][1]})
         self._cur: list[TokenizedChunk | None] = [None] * n
         self._idx = [0] * n
+        self._offset = [p[2] for p in self._positions]  # tokens of the current document already taken
         self._taken = [0] * n
         self._units_done = 0
         self._empty_run = [0] * n  # consecutive units of a source that gave no document
@@ -93,15 +99,16 @@ class Mixer(BaseNode):
         self._cur[s] = None
         self.counters.skipped_records += chunk.skipped
         if not chunk.unit_end:
-            self._positions[s] = (chunk.unit_seq, chunk.end_cursor)
+            self._positions[s] = (chunk.unit_seq, chunk.end_cursor, 0)
             return False
-        self._positions[s] = (chunk.unit_seq + 1, -1)
+        self._positions[s] = (chunk.unit_seq + 1, -1, 0)
         self.counters.units += 1
         self._units_done += 1
         return self._units_done % self.flush_every == 0
 
-    def _take(self, s: int) -> tuple[np.ndarray | None, bool]:
-        """Next document of source ``s`` and whether a flush is due after it (doc None: before it)."""
+    def _take(self, s: int) -> tuple[np.ndarray | None, int, bool]:
+        """Next piece of source ``s``, its tail label, and whether a flush is due after it
+        (piece None: due before it)."""
         while True:
             chunk = self._cur[s]
             if chunk is None:
@@ -114,16 +121,26 @@ class Mixer(BaseNode):
                                           f"{self._empty_run[s]} consecutive units: all its records are "
                                           f"empty, null or filtered. Check text_field and your filters.")
                     if self._finish_chunk(s, chunk):
-                        return None, True
+                        return None, IGNORE, True
                     continue
             self._empty_run[s] = 0
             k = self._idx[s]
-            doc = chunk.tokens[chunk.offsets[k]:chunk.offsets[k + 1]]
+            lo, hi = int(chunk.offsets[k]), int(chunk.offsets[k + 1])
+            a = lo + self._offset[s]
+            b = min(hi, a + self.piece_len)
+            piece = chunk.tokens[a:b]
+            if b < hi:  # the document goes on: stay on it, label the cut with the true next token
+                self._offset[s] += b - a
+                start = int(chunk.next_cursors[k - 1]) if k else chunk.start_cursor
+                self._positions[s] = (chunk.unit_seq, start, self._offset[s])
+                self.counters.pieces_split += 1
+                return piece, int(chunk.tokens[b]), False
+            self._offset[s] = 0
             self._idx[s] = k + 1
             if k + 1 == chunk.n_docs:
-                return doc, self._finish_chunk(s, chunk)
-            self._positions[s] = (chunk.unit_seq, int(chunk.next_cursors[k]))
-            return doc, False
+                return piece, IGNORE, self._finish_chunk(s, chunk)
+            self._positions[s] = (chunk.unit_seq, int(chunk.next_cursors[k]), 0)
+            return piece, IGNORE, False
 
     def _flush(self) -> Flush:
         self._epoch += 1
@@ -136,15 +153,15 @@ class Mixer(BaseNode):
         if self._queued:
             return self._queued.pop()
         s = self._choose()
-        doc, flush_due = self._take(s)
+        doc, tail, flush_due = self._take(s)
         if doc is None:
             return self._flush()
         n = len(doc)
         self._taken[s] += n if self.by_tokens else 1
         c = self.counters
-        c.docs += 1
+        c.docs += tail == IGNORE
         c.doc_tokens += n
         c.source_tokens[self.names[s]] = c.source_tokens.get(self.names[s], 0) + n
         if flush_due:
             self._queued.append(self._flush())
-        return (doc, IGNORE)
+        return (doc, tail)
