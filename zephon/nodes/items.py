@@ -32,11 +32,12 @@ class Flush:
 class Row:
     """One packed row of at most ``seq_len`` tokens: its documents' lengths and tail labels."""
 
-    __slots__ = ("tokens", "fill", "seg_lens", "tails", "flushed")
+    __slots__ = ("tokens", "fill", "free", "seg_lens", "tails", "flushed")
 
     def __init__(self, seq_len: int) -> None:
         self.tokens = np.empty(seq_len, dtype=np.int32)
         self.fill = 0
+        self.free = seq_len
         self.seg_lens: list[int] = []
         self.tails: list[int] = []
         self.flushed = False  # closed by a flush sentinel (its padding is a sentinel cost)
@@ -45,12 +46,17 @@ class Row:
         n = len(tokens)
         self.tokens[self.fill:self.fill + n] = tokens
         self.fill += n
+        self.free -= n
         self.seg_lens.append(n)
         self.tails.append(tail)
 
-    @property
-    def free(self) -> int:
-        return len(self.tokens) - self.fill
+    def segments(self) -> list[tuple[np.ndarray, int]]:
+        """The row's pieces as ``(tokens, tail)`` documents, in row order."""
+        out, a = [], 0
+        for n, tail in zip(self.seg_lens, self.tails):
+            out.append((self.tokens[a:a + n], tail))
+            a += n
+        return out
 
 
 @dataclass

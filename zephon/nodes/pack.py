@@ -13,15 +13,19 @@ few open rows ("bins"). Ties are broken by the order in which bins were opened, 
               document cut at a row end continues at the start of the next row, and the piece's tail
               label is the next token. No padding except at a flush.
 
-At a :class:`Flush` sentinel every open bin is emitted in opening order (padded) and the sentinel is
-forwarded: after it the packer is empty, as if new. That padding is the sentinel's cost and is
-counted separately (``flush_pad_tokens``).
+At a :class:`Flush` sentinel the packer must empty itself, so that after it it is as if new. Padding
+every open bin would cost up to ``max_open_bins`` part-empty rows per flush; instead the pieces in the
+open bins are taken in opening order and *wrapped* into rows (a piece cut at a row end keeps the next
+token as its tail label), so a flush costs less than one row of padding. That padding is the
+sentinel's cost and is counted separately (``flush_pad_tokens``).
 
 Worked example, ``seq_len = 8``, ``max_open_bins = 2``, documents of lengths 5, 4, 3, 2, 6::
 
     best_fit:  5 -> A[5]        4 -> B[4]         3 -> A[5,3] full, emit A
                2 -> B[4,2]      6 -> no fit, 1 bin open -> C[6]
-               flush -> emit B[4,2] (2 pad), C[6] (2 pad)
+               flush -> B and C hold 4+2+6 = 12 tokens: wrapped, [4,2,2'] [4''] + 4 pad
+    flush cost: open bins [5] [5] [5] -> padding each costs 9 tokens in three rows; wrapping their
+               pieces gives [5,3'] [2'',5] + 1 pad (x' = first part of a cut piece, x'' = the rest)
     first_fit: same here; it differs when several bins fit (oldest wins, not tightest)
     wrap:      [5,3'] [1'',4,3'''] ... pieces of the 4-token doc continue on the next row
 """
@@ -110,14 +114,24 @@ class Packer(BaseNode):
             self._put(0, tokens[a:b], int(tokens[b]) if b < n else tail)
             a = b
 
+    def _flush_bins(self) -> None:
+        bins, self._bins = self._bins, []
+        if self.algorithm == "wrap" or len(bins) <= 1:
+            for row in bins:
+                self._emit(row, flushed=True)
+            return
+        for tokens, tail in (seg for row in bins for seg in row.segments()):
+            self._wrap(tokens, tail)
+        for row in self._bins:
+            self._emit(row, flushed=True)
+        self._bins = []
+
     # -- node -----------------------------------------------------------------------------------
     def next(self) -> Any:
         while not self._out:
             item = next(self.upstream)
             if isinstance(item, Flush):
-                for row in self._bins:
-                    self._emit(row, flushed=True)
-                self._bins.clear()
+                self._flush_bins()
                 self._out.append(item)
                 break
             self._place(*item)
