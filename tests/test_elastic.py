@@ -112,7 +112,7 @@ def test_resume_with_process_workers_on_other_world_size(make_recipe):
     recipe = make_recipe(lanes=16)
     plan = WorkPlan(recipe)
     reference = global_hashes(recipe, 1, 8, plan=plan)
-    assert global_hashes(recipe, 8, 8, num_workers=2, runner="process", resume_at=4, resume_world_size=2,
+    assert global_hashes(recipe, 4, 8, num_workers=2, runner="process", resume_at=4, resume_world_size=2,
                          plan=plan) == reference
 
 

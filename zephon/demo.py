@@ -48,14 +48,15 @@ def stdlib_documents(max_files: int | None = None) -> Iterator[tuple[str, str, s
 
 
 def write_corpus(out_dir: str | Path, max_files: int | None = None, prose_files: int = 8,
-                 code_files: int = 4, row_group_size: int = 500) -> dict[str, int]:
+                 code_files: int = 4, row_group_size: int = 500,
+                 documents: list[tuple[str, str, str]] | None = None) -> dict[str, int]:
     """Write ``out_dir/web/*.parquet`` (prose) and ``out_dir/code/*.jsonl`` (code); return counts."""
     out = Path(out_dir)
     (out / "web").mkdir(parents=True, exist_ok=True)
     (out / "code").mkdir(parents=True, exist_ok=True)
     prose: list[str] = []
     code: list[str] = []
-    for kind, _, text in stdlib_documents(max_files):
+    for kind, _, text in documents if documents is not None else stdlib_documents(max_files):
         (prose if kind == "prose" else code).append(text)
     for i in range(prose_files):
         part = prose[i::prose_files]
@@ -78,7 +79,7 @@ def train_sentencepiece(out_model: str | Path, texts: list[str], vocab_size: int
     spm.SentencePieceTrainer.train(
         sentence_iterator=iter(texts), model_writer=model, vocab_size=vocab_size, model_type="bpe",
         character_coverage=1.0, byte_fallback=True, num_threads=1, shuffle_input_sentence=False,
-        input_sentence_size=len(texts), max_sentence_length=1 << 16, minloglevel=2,
+        input_sentence_size=0, hard_vocab_limit=False, max_sentence_length=1 << 16, minloglevel=2,
         bos_id=1, eos_id=2, unk_id=0, pad_id=3, split_digits=True,
     )
     path = Path(out_model)
@@ -89,7 +90,8 @@ def train_sentencepiece(out_model: str | Path, texts: list[str], vocab_size: int
 def make_demo(out_dir: str | Path, max_files: int | None = None, vocab_size: int = 8000) -> dict[str, int]:
     """Corpus in ``out_dir/data`` and tokenizer ``out_dir/tok.model``, as the quickstart expects."""
     out = Path(out_dir)
-    counts = write_corpus(out / "data", max_files=max_files)
-    sample = [t for i, (_, _, t) in enumerate(stdlib_documents(max_files)) if i % 3 == 0]
+    documents = list(stdlib_documents(max_files))
+    counts = write_corpus(out / "data", documents=documents)
+    sample = [t for i, (_, _, t) in enumerate(documents) if i % 3 == 0]
     train_sentencepiece(out / "tok.model", sample, vocab_size)
     return counts

@@ -16,10 +16,12 @@ from torchdata.nodes import BaseNode
 
 from .collate import collate
 from .nodes.items import LaneCounters
-from .nodes.lane import Lane, LaneState
+from .lane_hosts import LocalLanes, ProcessLanes
+from .nodes.lane import LaneState
 from .plan import WorkPlan
 from .recipe import Recipe, load_recipe
-from .runner import Runner, TextFilter, TextMap
+from .runner import RUNNERS, Runner, TextFilter, TextMap
+from .tokenizer import load_tokenizer
 from .state import STATE_FORMAT, STATE_VERSION, StateError, check_compatible, fingerprint, recipe_summary
 
 
@@ -67,32 +69,33 @@ class ZephonLoader:
         self.rank, self.world_size = rank, world_size
         self.lanes = lanes_of_rank(recipe.lanes, rank, world_size)
         self.plan = plan or WorkPlan(recipe)
-        self._own_runner = not isinstance(runner, Runner)
-        self.runner = Runner(recipe, self.plan, num_workers, runner, text_map, text_filter) \
-            if self._own_runner else runner
-        depth = prefetch if prefetch is not None else (2 if self.runner.num_workers else 1)
         self.summary = recipe_summary(recipe, self.plan)
         self.fingerprint = fingerprint(self.summary)
-        self.pad_id = self._pad_id()
+        self.pad_id = load_tokenizer(recipe.tokenizer).pad_id
         self.max_steps = max_steps
-        self._lanes = [Lane(recipe, self.plan, self.runner, lane, depth) for lane in self.lanes]
+        self._host: LocalLanes | ProcessLanes
+        self._own_runner = False
+        if isinstance(runner, Runner):
+            self._host = LocalLanes(recipe, self.plan, runner, self.lanes, prefetch or (2 if runner.num_workers else 1))
+        elif runner == "process" and num_workers > 0:
+            self._host = ProcessLanes(recipe, self.lanes, num_workers, prefetch or 4, text_map, text_filter)
+        elif runner in RUNNERS:
+            self._own_runner = True
+            self.runner = Runner(recipe, self.plan, num_workers, "thread", text_map, text_filter)
+            self._host = LocalLanes(recipe, self.plan, self.runner, self.lanes, prefetch or (2 if num_workers else 1))
+        else:
+            raise ValueError(f"runner must be one of {RUNNERS} (or a zephon Runner), got {runner!r}")
         self.node: BaseNode[dict] = _RankNode(self)
         self.step = 0
         self._started = time.perf_counter()
         self._initialized = False
 
-    def _pad_id(self) -> int:
-        if self.runner.tokenizer is not None:
-            return self.runner.tokenizer.pad_id
-        from .tokenizer import load_tokenizer
-        return load_tokenizer(self.recipe.tokenizer).pad_id
-
     # -- iteration ------------------------------------------------------------------------------
     def _reset(self, state: dict | None) -> None:
         lane_states = self._check_state(state) if state is not None else {}
-        for lane in self._lanes:
-            lane.reset(lane_states.get(lane.lane))
+        self._host.reset(lane_states)
         self.step = int(state["step"]) if state is not None else 0
+        self._delivered = {"rows": 0, "pad": 0, "flush_pad": 0}  # since this (re)start
         self._initialized = True
         self._started = time.perf_counter()
         self._tokens_at_start = self._delivered_tokens()
@@ -102,8 +105,14 @@ class ZephonLoader:
             self._reset(None)
         if self.max_steps is not None and self.step >= self.max_steps:
             raise StopIteration
-        rows = [row for lane in self._lanes for row in next(lane)]
+        rows = [row for lane_rows in self._host.next_step() for row in lane_rows]
         self.step += 1
+        d = self._delivered
+        d["rows"] += len(rows)
+        for row in rows:
+            d["pad"] += row.free
+            if row.flushed:
+                d["flush_pad"] += row.free
         return collate(rows, self.recipe.seq_len, self.pad_id)
 
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
@@ -123,7 +132,7 @@ class ZephonLoader:
         return {
             "format": STATE_FORMAT, "version": STATE_VERSION, "fingerprint": self.fingerprint,
             "recipe": self.summary, "step": self.step, "rank": self.rank, "world_size": self.world_size,
-            "lanes": {str(lane.lane): lane.get_state() for lane in self._lanes},
+            "lanes": {str(lane): st for lane, st in self._host.states().items()},
         }
 
     def state_dict(self) -> dict[str, Any]:
@@ -161,34 +170,43 @@ class ZephonLoader:
 
     # -- metrics --------------------------------------------------------------------------------
     def _delivered_tokens(self) -> int:
-        return self.step * len(self._lanes) * self.recipe.batch_per_lane * self.recipe.seq_len
+        return self.step * len(self.lanes) * self.recipe.batch_per_lane * self.recipe.seq_len
 
     def metrics(self) -> dict[str, Any]:
-        """Counters to log: tokens/s, padding fractions, sentinel cost, per-lane progress."""
+        """Counters to log: tokens/s, padding fractions, sentinel cost, per-lane progress.
+
+        ``pad_fraction`` / ``flush_pad_fraction`` cover the rows *delivered* since the last (re)start;
+        ``docs``, ``flushes``, ``units``, ... count the work the lanes did, which runs a little ahead.
+        """
         total = LaneCounters()
-        for lane in self._lanes:
-            for k, v in asdict(lane.counters).items():
+        per_lane = self._host.counters()
+        states = self._host.states()
+        for counters in per_lane.values():
+            for k, v in asdict(counters).items():
                 if k == "source_tokens":
                     for name, n in v.items():
                         total.source_tokens[name] = total.source_tokens.get(name, 0) + n
                 else:
                     setattr(total, k, getattr(total, k) + v)
-        packed = total.rows * self.recipe.seq_len
+        d = getattr(self, "_delivered", {"rows": 0, "pad": 0, "flush_pad": 0})
+        delivered = d["rows"] * self.recipe.seq_len
         elapsed = max(time.perf_counter() - self._started, 1e-9)
         return {
             "step": self.step,
             "tokens_per_s": (self._delivered_tokens() - getattr(self, "_tokens_at_start", 0)) / elapsed,
-            "docs": total.docs, "doc_tokens": total.doc_tokens, "rows": total.rows,
-            "pad_fraction": total.pad_tokens / packed if packed else 0.0,
-            "flush_pad_fraction": total.flush_pad_tokens / packed if packed else 0.0,
+            "rows_delivered": d["rows"],
+            "pad_fraction": d["pad"] / delivered if delivered else 0.0,
+            "flush_pad_fraction": d["flush_pad"] / delivered if delivered else 0.0,
+            "docs": total.docs, "doc_tokens": total.doc_tokens, "rows_packed": total.rows,
             "flushes": total.flushes, "units": total.units, "pieces_split": total.pieces_split,
             "skipped_records": total.skipped_records,
             "source_token_share": {k: v / max(1, total.doc_tokens) for k, v in total.source_tokens.items()},
-            "lanes": {lane.lane: {"epoch": lane.get_state()["epoch"], "units": lane.counters.units}
-                      for lane in self._lanes},
+            "lanes": {lane: {"epoch": states[lane]["epoch"], "units": c.units} for lane, c in per_lane.items()},
         }
 
     def close(self) -> None:
+        """Stop worker threads/processes (also done at interpreter exit)."""
+        self._host.close()
         if self._own_runner:
             self.runner.close()
 
@@ -206,8 +224,10 @@ def build_loader(recipe: Recipe | str, rank: int | None = None, world_size: int 
     """Build the loader of data-parallel ``rank`` of ``world_size`` for ``recipe``.
 
     ``rank``/``world_size`` default to the data-parallel process group (``group``, or the default
-    group) when ``torch.distributed`` is initialised, else to 0 of 1. ``num_workers`` threads or
-    processes (``runner``) read and tokenize; they change speed, never the batches. ``text_map`` and
+    group) when ``torch.distributed`` is initialised, else to 0 of 1. ``runner="thread"``: read and
+    tokenize on ``num_workers`` threads (the rest in this process); ``runner="process"``: whole lanes
+    on ``num_workers`` processes (this process only collates). Either changes speed, never the
+    batches. ``prefetch``: chunks per source ahead (threads) or steps ahead (processes). ``text_map`` and
     ``text_filter`` are per-document hooks run on the workers (module-level functions for processes).
     """
     if isinstance(recipe, str):

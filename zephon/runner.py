@@ -7,17 +7,13 @@ count or completion order can change what a lane sees.
 
 from __future__ import annotations
 
-import multiprocessing as mp
-import os
-from concurrent.futures import Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Callable, Optional
 
-import fsspec
 import numpy as np
 
 from .plan import ChunkTask, WorkPlan
-from .readers import make_reader
 from .recipe import Recipe
 from .tokenizer import Tokenizer, load_tokenizer
 
@@ -49,12 +45,9 @@ class TokenizedChunk:
 class ChunkWorker:
     """Everything a worker needs to turn a :class:`ChunkTask` into a :class:`TokenizedChunk`."""
 
-    def __init__(self, recipe: Recipe, plan: WorkPlan | None = None, text_map: TextMap = None,
+    def __init__(self, recipe: Recipe, plan: WorkPlan, text_map: TextMap = None,
                  text_filter: TextFilter = None) -> None:
-        if plan is not None:
-            self.readers = [s.reader for s in plan.sources]
-        else:  # a worker process: readers only, the plan (file listing) stays in the main process
-            self.readers = [make_reader(recipe, s, fsspec.core.url_to_fs(s.path[0])[0]) for s in recipe.sources]
+        self.readers = [s.reader for s in plan.sources]
         self.tokenizer: Tokenizer = load_tokenizer(recipe.tokenizer)
         self.text_map = text_map
         self.text_filter = text_filter
@@ -98,48 +91,31 @@ class _Deferred:
         return self._value
 
 
-_PROCESS_WORKER: ChunkWorker | None = None
-
-
-def _init_process(recipe: Recipe, text_map: TextMap, text_filter: TextFilter) -> None:
-    global _PROCESS_WORKER
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    _PROCESS_WORKER = ChunkWorker(recipe, None, text_map, text_filter)
-
-
-def _run_in_process(task: ChunkTask) -> TokenizedChunk:
-    assert _PROCESS_WORKER is not None
-    return _PROCESS_WORKER(task)
-
-
 class Runner:
-    """Submits chunk tasks to ``num_workers`` threads or processes (0: inline, lazily)."""
+    """Submits chunk tasks to ``num_workers`` threads (0: inline and lazily, on ``result()``).
+
+    Whole lanes on processes are :class:`zephon.lane_hosts.ProcessLanes`; this runner is the
+    chunk-level parallelism inside one process (tokenizers release the GIL while they encode).
+    """
 
     def __init__(self, recipe: Recipe, plan: WorkPlan, num_workers: int = 0, kind: str = "thread",
                  text_map: TextMap = None, text_filter: TextFilter = None) -> None:
-        if kind not in RUNNERS:
-            raise ValueError(f"runner must be one of {RUNNERS}, got {kind!r}")
+        if kind != "thread":
+            raise ValueError(f"a chunk Runner runs threads; got kind={kind!r} (use runner='process' in "
+                             f"build_loader for worker processes)")
         if num_workers < 0:
             raise ValueError(f"num_workers must be >= 0, got {num_workers}")
         self.num_workers = num_workers
         self.kind = kind if num_workers else "inline"
-        self._executor: Executor | None = None
-        self._worker: ChunkWorker | None = None
-        if num_workers == 0 or kind == "thread":
-            self._worker = ChunkWorker(recipe, plan, text_map, text_filter)
-        if num_workers and kind == "thread":
+        self._worker = ChunkWorker(recipe, plan, text_map, text_filter)
+        self._executor: ThreadPoolExecutor | None = None
+        if num_workers:
             self._executor = ThreadPoolExecutor(num_workers, thread_name_prefix="zephon-chunk")
-        elif num_workers and kind == "process":
-            ctx = mp.get_context("forkserver" if "forkserver" in mp.get_all_start_methods() else "spawn")
-            self._executor = ProcessPoolExecutor(num_workers, mp_context=ctx, initializer=_init_process,
-                                                 initargs=(recipe, text_map, text_filter))
 
     def submit(self, task: ChunkTask) -> "Future[TokenizedChunk] | _Deferred":
         if self._executor is None:
             return _Deferred(self._worker, task)
-        if self._worker is not None:
-            return self._executor.submit(self._worker, task)
-        return self._executor.submit(_run_in_process, task)
+        return self._executor.submit(self._worker, task)
 
     def close(self) -> None:
         if self._executor is not None:
@@ -147,5 +123,5 @@ class Runner:
             self._executor = None
 
     @property
-    def tokenizer(self) -> Tokenizer | None:
-        return self._worker.tokenizer if self._worker else None
+    def tokenizer(self) -> Tokenizer:
+        return self._worker.tokenizer

@@ -49,8 +49,8 @@ class Tokenizer:
 
         sp = spm.SentencePieceProcessor(model_file=str(path))
         self.vocab_size = sp.get_piece_size()
-        self.eos_id = _named(sp.piece_to_id, self.spec.eos_token, sp.eos_id())
-        self.bos_id = _named(sp.piece_to_id, self.spec.bos_token, sp.bos_id())
+        self.eos_id = _named(sp, self.spec.eos_token, sp.eos_id())
+        self.bos_id = _named(sp, self.spec.bos_token, sp.bos_id())
         self._encode = lambda texts: sp.encode(list(texts), out_type=int, num_threads=1)
 
     def _load_huggingface(self, path: Path) -> None:
@@ -104,9 +104,12 @@ class Tokenizer:
         return flat, offsets
 
 
-def _named(piece_to_id, name: str | None, default: int) -> int | None:
+def _named(sp, name: str | None, default: int) -> int | None:
     if name is not None:
-        return piece_to_id(name)
+        tid = sp.piece_to_id(name)
+        if sp.id_to_piece(tid) != name:  # SentencePiece maps an unknown piece to <unk>
+            raise RecipeError(f"tokenizer has no token '{name}'")
+        return tid
     return default if default >= 0 else None
 
 

@@ -18,9 +18,14 @@ from .runner import Runner
 from .state import merge_states
 
 
-def _loaders(recipe: Recipe, world_size: int, plan: WorkPlan, runner: Runner) -> list:
-    return [build_loader(recipe, rank=r, world_size=world_size, runner=runner, plan=plan)
+def _loaders(recipe: Recipe, world_size: int, plan: WorkPlan, runner: Runner | str, num_workers: int) -> list:
+    return [build_loader(recipe, rank=r, world_size=world_size, runner=runner, num_workers=num_workers, plan=plan)
             for r in range(world_size)]
+
+
+def _pool(recipe: Recipe, plan: WorkPlan, num_workers: int, runner: str) -> Runner | None:
+    """One thread runner shared by all ranks of the simulation (process runners are per loader)."""
+    return Runner(recipe, plan, num_workers) if runner == "thread" or num_workers == 0 else None
 
 
 def global_hashes(recipe: Recipe, world_size: int, steps: int, num_workers: int = 0, runner: str = "thread",
@@ -32,24 +37,29 @@ def global_hashes(recipe: Recipe, world_size: int, steps: int, num_workers: int 
     ``resume_world_size`` ranks (fresh runner too), load the merged state and run the remaining steps.
     """
     plan = plan or WorkPlan(recipe)
-    pool = Runner(recipe, plan, num_workers, runner)
+    first = steps if resume_at is None else resume_at
+    hashes, state = _run(recipe, plan, world_size, first, num_workers, runner, None)
+    if resume_at is None:
+        return hashes
+    more, _ = _run(recipe, plan, resume_world_size or world_size, steps - resume_at, num_workers, runner, state)
+    return hashes + more
+
+
+def _run(recipe: Recipe, plan: WorkPlan, world_size: int, steps: int, num_workers: int, runner: str,
+         state: dict | None) -> tuple[list[str], dict]:
+    pool = _pool(recipe, plan, num_workers, runner)
+    loaders = _loaders(recipe, world_size, plan, pool or runner, num_workers)
     try:
-        loaders = _loaders(recipe, world_size, plan, pool)
-        first = steps if resume_at is None else resume_at
-        hashes = [global_digest([next(ld) for ld in loaders]) for _ in range(first)]
-        if resume_at is None:
-            return hashes
-        state = merge_states([ld.state_dict() for ld in loaders])
+        if state is not None:
+            for ld in loaders:
+                ld.load_state_dict(state)
+        hashes = [global_digest([next(ld) for ld in loaders]) for _ in range(steps)]
+        return hashes, merge_states([ld.state_dict() for ld in loaders])
     finally:
-        pool.close()
-    pool = Runner(recipe, plan, num_workers, runner)
-    try:
-        loaders = _loaders(recipe, resume_world_size or world_size, plan, pool)
         for ld in loaders:
-            ld.load_state_dict(state)
-        return hashes + [global_digest([next(ld) for ld in loaders]) for _ in range(steps - resume_at)]
-    finally:
-        pool.close()
+            ld.close()
+        if pool is not None:
+            pool.close()
 
 
 @dataclass

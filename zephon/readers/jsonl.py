@@ -27,6 +27,20 @@ def compression_of(path: str) -> str | None:
     return None
 
 
+def _zstd_decompress(data: bytes) -> bytes:
+    """All frames of a zstd stream; a frame cut short raises (fsspec's reader returns what it has)."""
+    import zstandard
+
+    out = []
+    while data:
+        frame = zstandard.ZstdDecompressor().decompressobj()
+        out.append(frame.decompress(data))
+        if not frame.eof:
+            raise EOFError("the zstd stream ends inside a frame")
+        data = frame.unused_data
+    return b"".join(out)
+
+
 class JsonlReader:
     """Reads ``text_field`` of JSON Lines files (``.jsonl``, ``.jsonl.gz``, ``.jsonl.zst``)."""
 
@@ -52,8 +66,10 @@ class JsonlReader:
     def _all_lines(self, path: str) -> list[bytes]:
         def make() -> list[bytes]:
             try:
-                with self.fs.open(path, "rb", compression=compression_of(path)) as f:
-                    return f.read().split(b"\n")
+                kind = compression_of(path)
+                with self.fs.open(path, "rb", compression=None if kind == "zstd" else kind) as f:
+                    data = f.read()
+                return (_zstd_decompress(data) if kind == "zstd" else data).split(b"\n")
             except FileNotFoundError as exc:
                 raise SourceError(f"source '{self.source}': file {path} is missing.") from exc
             except Exception as exc:  # zlib.error, zstd.ZstdError, EOFError: corrupt or truncated
@@ -145,12 +161,14 @@ class JsonlReader:
                               f"Fix or remove that line.") from exc
         if not isinstance(record, dict):
             raise SourceError(f"source '{self.source}': {path}, {where}: a JSON object is expected, got "
-                              f"{type(record).__name__}.")
+                              f"{type(record).__name__}. Each line must be one JSON object: fix or remove "
+                              f"that line.")
         if self.text_field not in record:
             raise SourceError(f"source '{self.source}': {path}, {where}: no field '{self.text_field}' "
                               f"(fields: {', '.join(sorted(record))}). Set text_field of this source.")
         value = record[self.text_field]
         if value is not None and not isinstance(value, str):
             raise SourceError(f"source '{self.source}': {path}, {where}: field '{self.text_field}' holds "
-                              f"{type(value).__name__}, not text.")
+                              f"{type(value).__name__}, not text. Point text_field at a text field, or fix "
+                              f"that line.")
         return value

@@ -8,6 +8,7 @@ lanes, so that a one-file source still feeds every lane.
 from __future__ import annotations
 
 import math
+import threading
 from typing import Sequence
 
 import fsspec
@@ -33,6 +34,8 @@ class ParquetReader:
 
     # -- metadata -------------------------------------------------------------------------------
     def _open(self, path: str) -> pq.ParquetFile:
+        """A ParquetFile for ``path`` owned by the calling thread: concurrent ``read_row_group``
+        calls on one shared handle are not thread-safe in pyarrow (they crash)."""
         def make() -> pq.ParquetFile:
             try:
                 handle = path if _is_local(self.fs) else self.fs.open(path, "rb")
@@ -43,7 +46,7 @@ class ParquetReader:
             except (pa.ArrowInvalid, OSError) as exc:
                 raise SourceError(f"source '{self.source}': {path} is not a readable Parquet file ({exc}). "
                                   f"Re-write or remove the file.") from exc
-        return self._files.get(path, make)
+        return self._files.get((path, threading.get_ident()), make)
 
     def row_group_starts(self, path: str) -> np.ndarray:
         """Cumulative row offsets of the row groups of ``path``: [0, n0, n0+n1, ..., total]."""

@@ -1,0 +1,324 @@
+"""The ``zephon`` command line, run in-process through ``zephon.cli.main``.
+
+Hashes printed by the CLI are compared with digests computed here from ``build_loader`` (actual values,
+not counts), so a CLI that printed plausible but wrong hashes, or resumed at the wrong place, fails.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from zephon import WorkPlan, batch_digest, build_loader, global_digest, load_recipe, load_state
+from zephon.cli import main
+
+try:
+    from tests.conftest import base_recipe_dict
+except ImportError:  # pragma: no cover - tests/ collected as a rootdir-less folder
+    from conftest import base_recipe_dict
+
+REPO = Path(__file__).resolve().parents[1]
+STEP_LINE = re.compile(r"^step\s+(\d+)\s+sha256 ([0-9a-f]{64})\s+tok/s\s+\S+\s+non-pad ([0-9.]+)$", re.M)
+
+
+# -- helpers ----------------------------------------------------------------------------------------
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, str):
+        return json.dumps(value)  # a JSON string is a valid TOML basic string
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    raise TypeError(f"cannot write {value!r} as TOML")
+
+
+def to_toml(data: dict[str, Any]) -> str:
+    """A recipe dict as TOML: scalars, then [tables], then [[arrays of tables]]."""
+    lines = [f"{k} = {_toml_value(v)}" for k, v in data.items()
+             if not isinstance(v, dict) and not (isinstance(v, list) and v and isinstance(v[0], dict))]
+    for key, value in data.items():
+        if isinstance(value, dict):
+            lines += ["", f"[{key}]"] + [f"{k} = {_toml_value(v)}" for k, v in value.items()]
+    for key, value in data.items():
+        if isinstance(value, list) and value and isinstance(value[0], dict):
+            for table in value:
+                lines += ["", f"[[{key}]]"] + [f"{k} = {_toml_value(v)}" for k, v in table.items()]
+    return "\n".join(lines) + "\n"
+
+
+def write_recipe(path: Path, corpus: Path, sp_model: Path, **overrides: Any) -> Path:
+    data = base_recipe_dict(corpus, {"kind": "sentencepiece", "path": str(sp_model)})
+    data.update(overrides)
+    path.write_text(to_toml(data))
+    return path
+
+
+def step_lines(text: str) -> list[tuple[int, str]]:
+    return [(int(step), digest) for step, digest, _ in STEP_LINE.findall(text)]
+
+
+def reference_digests(recipe_path: Path, rank: int, world_size: int, steps: int) -> list[str]:
+    with build_loader(load_recipe(recipe_path), rank=rank, world_size=world_size) as loader:
+        return [batch_digest(next(loader)) for _ in range(steps)]
+
+
+@pytest.fixture(scope="module")
+def recipe_path(tmp_path_factory, corpus, sp_model) -> Path:
+    return write_recipe(tmp_path_factory.mktemp("cli") / "recipe.toml", corpus, sp_model)
+
+
+# -- run --------------------------------------------------------------------------------------------
+def test_written_recipe_matches_the_fixture_recipe(recipe_path, make_recipe):
+    """The hand-written TOML is the same recipe as the fixture's (so its data is as exercised)."""
+    loaded, expected = load_recipe(recipe_path), make_recipe()
+    assert loaded.replace(origin="x") == expected.replace(origin="x")
+
+
+def test_run_prints_the_digests_of_the_rank_batches(recipe_path, capsys):
+    assert main(["run", str(recipe_path), "--world-size", "2", "--rank", "1", "--steps", "5", "--quiet"]) == 0
+    out = capsys.readouterr().out
+    lines = step_lines(out)
+    assert [s for s, _ in lines] == [1, 2, 3, 4, 5]
+    assert [d for _, d in lines] == reference_digests(recipe_path, 1, 2, 5)
+    assert len({d for _, d in lines}) == 5
+    fractions = [float(f) for *_, f in STEP_LINE.findall(out)]
+    assert all(0.5 < f <= 1.0 for f in fractions)
+    for word in ("summary:", "pad_fraction", "flush_pad_fraction", "flushes", "docs", "source_token_share",
+                 "web", "code"):
+        assert word in out
+
+
+def test_run_with_thread_workers_and_hash_every(recipe_path):
+    """Workers change speed only. Run as a subprocess so that a crash in a worker fails this test alone."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    argv = [sys.executable, "-m", "zephon", "run", str(recipe_path), "--steps", "8", "--num-workers", "2",
+            "--runner", "thread", "--hash-every", "3", "--quiet"]
+    result = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=120)
+    assert result.returncode == 0, f"exit status {result.returncode}; stderr:\n{result.stderr[-3000:]}"
+    ref = reference_digests(recipe_path, 0, 1, 8)
+    assert step_lines(result.stdout) == [(3, ref[2]), (6, ref[5]), (8, ref[7])]
+
+
+def test_run_save_then_resume_on_other_world_sizes(recipe_path, tmp_path, capsys):
+    single = tmp_path / "w1.json"
+    assert main(["run", str(recipe_path), "--steps", "3", "--save-state", str(single), "--quiet"]) == 0
+    capsys.readouterr()
+    state = load_state(single)
+    assert state["step"] == 3 and sorted(map(int, state["lanes"])) == list(range(16))
+
+    # A single-rank checkpoint resumed on rank 1 of 2: continues exactly where W=2 would be.
+    assert main(["run", str(recipe_path), "--world-size", "2", "--rank", "1", "--steps", "3",
+                 "--resume", str(single), "--quiet"]) == 0
+    out = capsys.readouterr().out
+    assert "resumed at step 3" in out
+    ref = reference_digests(recipe_path, 1, 2, 6)
+    assert step_lines(out) == [(4, ref[3]), (5, ref[4]), (6, ref[5])]
+
+    # Both ranks of a W=2 checkpoint, merged, resumed on rank 2 of 4.
+    parts = [tmp_path / f"w2-r{r}.json" for r in range(2)]
+    for r, part in enumerate(parts):
+        assert main(["run", str(recipe_path), "--world-size", "2", "--rank", str(r), "--steps", "3",
+                     "--save-state", str(part), "--quiet"]) == 0
+    capsys.readouterr()
+    assert main(["run", str(recipe_path), "--world-size", "4", "--rank", "2", "--steps", "2", "--quiet",
+                 "--resume", str(parts[0]), "--resume", str(parts[1])]) == 0
+    ref = reference_digests(recipe_path, 2, 4, 5)
+    assert step_lines(capsys.readouterr().out) == [(4, ref[3]), (5, ref[4])]
+
+
+def test_resume_errors_are_one_line(recipe_path, tmp_path, corpus, sp_model, capsys):
+    # Lanes missing from the state: rank 1 of 2 saved lanes 8..15, rank 0 needs 0..7.
+    part = tmp_path / "r1.json"
+    assert main(["run", str(recipe_path), "--world-size", "2", "--rank", "1", "--steps", "1",
+                 "--save-state", str(part), "--quiet"]) == 0
+    capsys.readouterr()
+    assert main(["run", str(recipe_path), "--steps", "1", "--resume", str(part), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("zephon: error: ") and "merge" in err and "Traceback" not in err
+
+    # A state from another recipe (different seed).
+    other = write_recipe(tmp_path / "other.toml", corpus, sp_model, seed=8)
+    assert main(["run", str(other), "--steps", "1", "--resume", str(part), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("zephon: error: ") and "seed" in err
+
+    # Not a state at all, and a missing file.
+    junk = tmp_path / "junk.json"
+    junk.write_text("not json")
+    assert main(["run", str(recipe_path), "--resume", str(junk), "--quiet"]) == 2
+    assert capsys.readouterr().err.startswith(f"zephon: error: {junk}")
+    assert main(["run", str(recipe_path), "--resume", str(tmp_path / "nope.json"), "--quiet"]) == 2
+    assert "nope.json" in capsys.readouterr().err
+
+
+def test_run_world_size_not_dividing_lanes(recipe_path, capsys):
+    assert main(["run", str(recipe_path), "--world-size", "3", "--steps", "1", "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("zephon: error: ") and "world_size=3" in err and "lanes=16" in err
+    assert "Traceback" not in err and err.count("\n") == 1
+
+
+# -- verify -----------------------------------------------------------------------------------------
+def test_verify_agrees_across_world_sizes_and_resumes(recipe_path, capsys):
+    steps = 4
+    code = main(["verify", str(recipe_path), "--world-sizes", "1,2,4", "--steps", str(steps), "--resume-at", "2"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    rows = [line for line in out.splitlines() if line.startswith("W=")]
+    assert len(rows) == 6  # three world sizes, three resumes
+    assert all(re.search(r"\|\s*4\s*\|\s*yes\s*\|\s*-\s*$", row) for row in rows), rows
+    assert any("W=4 -> W=1 at step 2" in row for row in rows)
+    assert "NO" not in out and "OK: all 6 configurations agree" in out
+    with build_loader(load_recipe(recipe_path), rank=0, world_size=1) as loader:
+        last = [global_digest([next(loader)]) for _ in range(steps)][-1]
+    assert f"reference sha256 of global batch {steps - 1}: {last}" in out
+
+
+def test_verify_reports_a_mismatch_with_exit_code_1(recipe_path, capsys, monkeypatch):
+    """A rank-dependent loader (simulated) must be caught: exit 1 and the first differing step."""
+    import zephon.verify as zv
+
+    real = zv.global_hashes
+
+    def broken(recipe, world_size, steps, *args, **kwargs):
+        hashes = real(recipe, world_size, steps, *args, **kwargs)
+        return hashes if world_size == 1 else hashes[:2] + ["0" * 64] * (steps - 2)
+
+    monkeypatch.setattr(zv, "global_hashes", broken)
+    assert main(["verify", str(recipe_path), "--world-sizes", "1,2", "--steps", "3"]) == 1
+    out = capsys.readouterr().out
+    assert re.search(r"W=2 workers=0 inline\s*\|\s*3\s*\|\s*NO\s*\|\s*2\s*$", out, re.M), out
+    assert "MISMATCH in 1 of 2" in out
+
+
+def test_verify_world_size_not_dividing_lanes(recipe_path, capsys):
+    assert main(["verify", str(recipe_path), "--world-sizes", "1,3", "--steps", "2"]) == 2
+    captured = capsys.readouterr()
+    err = captured.err
+    assert err.startswith("zephon: error: ") and "world_size=3" in err and "lanes=16" in err
+    assert "Traceback" not in err and err.count("\n") == 1
+    assert captured.out == ""  # rejected before any batch is built
+
+
+def test_verify_rejects_a_resume_step_outside_the_run(recipe_path, capsys):
+    assert main(["verify", str(recipe_path), "--world-sizes", "1,2", "--steps", "2", "--resume-at", "2"]) == 2
+    assert "--resume-at 2" in capsys.readouterr().err
+
+
+# -- inspect ----------------------------------------------------------------------------------------
+def test_inspect_lists_sources_and_lane_units(recipe_path, capsys):
+    assert main(["inspect", str(recipe_path), "--lanes-shown", "2"]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"^\s+web: parquet .*web$", out, re.M)
+    assert re.search(r"^\s+code: jsonl .*code/\*\.jsonl$", out, re.M)
+    assert re.search(r"^\s+8 files, \d+ units, [0-9.]+ units/lane, weight 0.7 \(share 0.700\)$", out, re.M)
+    assert re.search(r"^\s+4 files, \d+ units, [0-9.]+ units/lane, weight 0.3 \(share 0.300\)$", out, re.M)
+    for word in ("seed 7", "lanes 16", "seq_len 64", "global batch 32", "flush_every 2", "sentencepiece",
+                 "best_fit", "mix_by tokens", "lane 0:", "lane 1:"):
+        assert word in out
+    assert "lane 2:" not in out
+
+    assert main(["inspect", str(recipe_path), "--lanes-shown", "3", "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    plan = WorkPlan(load_recipe(recipe_path))
+    assert [(s["name"], s["files"], s["units"]) for s in info["sources"]] == \
+        [("web", 8, len(plan.sources[0].units)), ("code", 4, len(plan.sources[1].units))]
+    assert info["sources"][0]["units_per_lane"] == len(plan.sources[0].units) / 16
+    assert [e["lane"] for e in info["lanes_shown"]] == [0, 1, 2]
+    for entry in info["lanes_shown"]:
+        for sp in plan.sources:
+            shown = entry["units"][sp.spec.name]
+            expected = [sp.lane_unit(entry["lane"], i) for i in range(3)]
+            assert [(u["file"], u["start"], -1 if u["end"] is None else u["end"]) for u in shown] == \
+                [(os.path.basename(sp.files[u.file]), u.start, u.end) for u in expected]
+
+
+# -- errors, demo, entry points ---------------------------------------------------------------------
+@pytest.mark.parametrize("command", ["run", "verify", "inspect"])
+def test_unknown_recipe_key_is_a_one_line_error(tmp_path, corpus, sp_model, capsys, command):
+    bad = write_recipe(tmp_path / "bad.toml", corpus, sp_model, flush_evry=2)
+    assert main([command, str(bad)]) == 2
+    captured = capsys.readouterr()
+    assert captured.err.startswith("zephon: error: ") and "flush_evry" in captured.err
+    assert "flush_every" in captured.err  # the suggestion
+    assert "Traceback" not in captured.err and captured.err.count("\n") == 1
+
+
+def test_missing_recipe_and_missing_source(tmp_path, corpus, sp_model, capsys):
+    assert main(["inspect", str(tmp_path / "absent.toml")]) == 2
+    assert "absent.toml" in capsys.readouterr().err
+    data = base_recipe_dict(corpus, {"kind": "sentencepiece", "path": str(sp_model)})
+    data["sources"][1]["path"] = str(tmp_path / "nowhere")
+    (tmp_path / "nosrc.toml").write_text(to_toml(data))
+    assert main(["inspect", str(tmp_path / "nosrc.toml")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("zephon: error: ") and "nowhere" in err and "'code'" in err
+
+
+def test_usage_errors_and_help(capsys):
+    assert main([]) == 2
+    assert "usage: zephon" in capsys.readouterr().err
+    assert main(["verify", "x.toml", "--world-sizes", "1,two"]) == 2
+    assert "comma-separated integers" in capsys.readouterr().err
+    assert main(["--help"]) == 0
+    out = capsys.readouterr().out
+    assert all(cmd in out for cmd in ("demo", "run", "verify", "inspect"))
+
+
+def test_demo_skips_existing_output(tmp_path, capsys, monkeypatch):
+    import zephon.demo
+
+    (tmp_path / "data").mkdir()
+    (tmp_path / "tok.model").write_bytes(b"x")
+    monkeypatch.setattr(zephon.demo, "make_demo", lambda *a, **k: pytest.fail("regenerated"))
+    assert main(["demo", str(tmp_path)]) == 0
+    assert "already present" in capsys.readouterr().out
+
+    calls = []
+    monkeypatch.setattr(zephon.demo, "make_demo", lambda *a: calls.append(a) or {"prose": 1, "code": 2})
+    assert main(["demo", str(tmp_path), "--force", "--max-files", "5", "--vocab-size", "300"]) == 0
+    assert calls == [(str(tmp_path), 5, 300)] or calls == [(tmp_path, 5, 300)]
+    assert "1 prose documents" in capsys.readouterr().out
+
+
+def test_demo_tokenizer_training_errors_are_one_line(tmp_path, capsys, monkeypatch):
+    import zephon.demo
+
+    def fail(*args):
+        raise RuntimeError("INTERNAL: src/trainer_interface.cc(638) [(required_chars_.size()) <= (vocab_size())] "
+                           "Vocabulary size is smaller than required_chars. 300 vs 353.")
+
+    monkeypatch.setattr(zephon.demo, "make_demo", fail)
+    assert main(["demo", str(tmp_path), "--vocab-size", "300"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("zephon: error: training the demo tokenizer failed: Vocabulary size is smaller")
+    assert "--vocab-size" in err and err.count("\n") == 1
+
+
+def test_demo_writes_a_runnable_quickstart(tmp_path, capsys):
+    out_dir = tmp_path / "recipes"
+    assert main(["demo", str(out_dir), "--max-files", "25", "--vocab-size", "400"]) == 0
+    printed = capsys.readouterr().out
+    assert "tok.model" in printed and (out_dir / "tok.model").is_file()
+    assert sorted(p.name for p in (out_dir / "data" / "web").iterdir())[0] == "part-0000.parquet"
+    (out_dir / "quickstart.toml").write_text((REPO / "recipes" / "quickstart.toml").read_text())
+    assert main(["run", str(out_dir / "quickstart.toml"), "--world-size", "8", "--rank", "7", "--steps", "1",
+                 "--quiet"]) == 0
+    assert len(step_lines(capsys.readouterr().out)) == 1
+
+
+def test_python_dash_m_zephon_help():
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    result = subprocess.run([sys.executable, "-m", "zephon", "--help"], capture_output=True, text=True,
+                            env=env, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert "usage: zephon" in result.stdout and "verify" in result.stdout

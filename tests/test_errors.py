@@ -1,0 +1,337 @@
+"""Bad input gets a clear, early error: it names the file, field, key or numbers and says what to do.
+
+Each test builds a small corpus in ``tmp_path`` (real Parquet / JSON Lines / gzip / zstd files) and
+checks the exception type and the content of its message. Errors in source files must surface as
+:class:`zephon.SourceError` while planning or iterating, never as a hang (tests that could loop carry
+a timeout), and nulls/empty records must be skipped, counted, and leave the batches elastic.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import zstandard
+
+from zephon import RecipeError, SourceError, StateError, build_loader, load_recipe, merge_states, recipe_from_dict
+from zephon.verify import global_hashes
+
+try:
+    from tests.conftest import base_recipe_dict
+except ImportError:  # tests/ is not a package
+    from conftest import base_recipe_dict
+
+
+# -- helpers ----------------------------------------------------------------------------------------
+
+@pytest.fixture
+def recipe_with(corpus, sp_model):
+    """``recipe_with(sources, lanes=2, ...)``: the base recipe with these sources and top-level overrides."""
+
+    def make(sources: list[dict], **top):
+        data = base_recipe_dict(corpus, {"kind": "sentencepiece", "path": str(sp_model)})
+        data["sources"] = sources
+        data.update(top)
+        return recipe_from_dict(data)
+
+    return make
+
+
+def src(name: str, path, fmt: str, **kw) -> dict:
+    return {"name": name, "path": str(path), "format": fmt, **kw}
+
+
+def first_error(recipe, steps: int = 30, **kw) -> tuple[str, BaseException | None]:
+    """Build rank 0 of 1 and iterate; return where it failed ("build" / "iterate") and the exception."""
+    try:
+        loader = build_loader(recipe, rank=0, world_size=1, **kw)
+    except Exception as exc:  # noqa: BLE001 - returned to the test, which checks it
+        return "build", exc
+    try:
+        for _ in range(steps):
+            next(loader)
+    except Exception as exc:  # noqa: BLE001
+        return "iterate", exc
+    finally:
+        loader.close()
+    return "none", None
+
+
+def write_jsonl(path: Path, records: list, compress: str | None = None) -> bytes:
+    raw = b"".join((r if isinstance(r, bytes) else json.dumps(r).encode()) + b"\n" for r in records)
+    data = gzip.compress(raw) if compress == "gz" else zstandard.ZstdCompressor().compress(raw) \
+        if compress == "zst" else raw
+    path.write_bytes(data)
+    return raw
+
+
+def good_records(corpus_texts: list[str], n: int, start: int = 0) -> list[dict]:
+    return [{"id": k, "text": corpus_texts[(start + k) % len(corpus_texts)]} for k in range(n)]
+
+
+def write_parquet(path: Path, columns: dict, row_group_size: int = 8) -> None:
+    pq.write_table(pa.table(columns), path, row_group_size=row_group_size)
+
+
+# -- world size, state ------------------------------------------------------------------------------
+
+def test_world_size_that_does_not_divide_lanes(make_recipe):
+    with pytest.raises(ValueError) as info:
+        build_loader(make_recipe(), rank=0, world_size=3)
+    msg = str(info.value)
+    assert "world_size=3" in msg and "lanes=16" in msg
+    assert "[1, 2, 4, 8, 16]" in msg  # the world sizes that would work
+
+
+@pytest.mark.parametrize("field,value,old", [("seed", 8, 7), ("seq_len", 128, 64)])
+def test_state_from_another_recipe(make_recipe, field, value, old):
+    writer = build_loader(make_recipe(), rank=0, world_size=1)
+    next(writer)
+    state = json.loads(json.dumps(writer.state_dict()))
+    reader = build_loader(make_recipe(**{field: value}), rank=0, world_size=1)
+    with pytest.raises(StateError) as info:
+        reader.load_state_dict(state)
+    msg = str(info.value)
+    assert f"{field}: checkpoint has {old}, recipe has {value}" in msg
+    assert "different recipe" in msg
+    build_loader(make_recipe(), rank=0, world_size=1).load_state_dict(state)  # the right recipe loads it
+
+
+def test_unmerged_state_on_another_world_size(make_recipe):
+    recipe = make_recipe()
+    ranks = [build_loader(recipe, rank=r, world_size=4) for r in range(4)]
+    for ld in ranks:
+        next(ld)
+    target = build_loader(recipe, rank=0, world_size=1)
+    with pytest.raises(StateError) as info:
+        target.load_state_dict(ranks[0].state_dict())
+    msg = str(info.value)
+    assert "merge_states" in msg and "[4, 5, 6, 7, 8, 9, 10, 11]" in msg
+    target.load_state_dict(merge_states([ld.state_dict() for ld in ranks]))  # merged: fine
+
+
+# -- recipe ----------------------------------------------------------------------------------------
+
+def test_missing_source_path(recipe_with, tmp_path):
+    missing = tmp_path / "nope" / "data.jsonl"
+    where, exc = first_error(recipe_with([src("docs", missing, "jsonl")]))
+    assert where == "build" and isinstance(exc, SourceError)
+    assert str(missing) in str(exc) and "does not exist" in str(exc) and "sources.path" in str(exc)
+    assert "'docs'" in str(exc)
+
+
+def test_source_glob_that_matches_nothing(recipe_with, tmp_path):
+    (tmp_path / "data.parquet").write_bytes(b"")  # wrong extension for the glob
+    pattern = tmp_path / "*.jsonl"
+    where, exc = first_error(recipe_with([src("docs", pattern, "jsonl")]))
+    assert where == "build" and isinstance(exc, SourceError)
+    assert str(pattern) in str(exc) and "matches no jsonl files" in str(exc)
+    # A directory holding no file of the source's format is the same mistake.
+    where, exc = first_error(recipe_with([src("docs", tmp_path, "jsonl")]))
+    assert where == "build" and isinstance(exc, SourceError) and ".jsonl" in str(exc)
+
+
+def test_unknown_recipe_key_gets_a_suggestion(corpus, sp_model):
+    data = base_recipe_dict(corpus, {"kind": "sentencepiece", "path": str(sp_model)})
+    with pytest.raises(RecipeError, match=r"unknown key 'sead' in the top level\. Did you mean 'seed'\?"):
+        recipe_from_dict({**data, "sead": 3})
+    with pytest.raises(RecipeError, match=r"unknown key 'frobnicate'.*Allowed keys: .*lanes"):
+        recipe_from_dict({**data, "frobnicate": 3})
+
+
+def test_unknown_key_inside_pack(corpus, sp_model):
+    data = base_recipe_dict(corpus, {"kind": "sentencepiece", "path": str(sp_model)})
+    data["pack"] = {"algoritm": "wrap"}
+    with pytest.raises(RecipeError, match=r"unknown key 'algoritm' in \[pack\]\. Did you mean 'algorithm'\?"):
+        recipe_from_dict(data)
+
+
+def test_bad_pack_algorithm(corpus, sp_model):
+    data = base_recipe_dict(corpus, {"kind": "sentencepiece", "path": str(sp_model)})
+    data["pack"] = {"algorithm": "greedy"}
+    with pytest.raises(RecipeError, match=r"pack\.algorithm 'greedy' is not one of best_fit, first_fit, wrap"):
+        recipe_from_dict(data)
+
+
+@pytest.mark.parametrize("lanes", [0, -4])
+def test_lanes_must_be_positive(corpus, sp_model, lanes):
+    data = base_recipe_dict(corpus, {"kind": "sentencepiece", "path": str(sp_model)})
+    with pytest.raises(RecipeError, match=rf"'lanes' must be a positive integer, got {lanes}"):
+        recipe_from_dict({**data, "lanes": lanes})
+
+
+def test_recipe_file_that_is_not_toml(tmp_path):
+    path = tmp_path / "broken.toml"
+    path.write_text('seed = 7\nlanes = 16\nseq_len = = 64\n[tokenizer\nkind = "sentencepiece"\n')
+    with pytest.raises(RecipeError) as info:
+        load_recipe(path)
+    msg = str(info.value)
+    assert str(path) in msg and "not valid TOML" in msg and "line 3" in msg
+
+
+def test_recipe_file_errors_name_the_file(tmp_path, sp_model):
+    path = tmp_path / "typo.toml"
+    path.write_text(f'seed = 7\nlanes = 4\nseq_len = 64\n[tokenizer]\nkind = "sentencepiece"\n'
+                    f'path = "{sp_model}"\n[pack]\nmax_open_bin = 4\n'
+                    f'[[sources]]\nname = "a"\npath = "a.jsonl"\nformat = "jsonl"\n')
+    with pytest.raises(RecipeError) as info:
+        load_recipe(path)
+    assert str(path) in str(info.value) and "Did you mean 'max_open_bins'?" in str(info.value)
+    with pytest.raises(FileNotFoundError, match=re.escape(str(tmp_path / "absent.toml"))):
+        load_recipe(tmp_path / "absent.toml")
+
+
+# -- Parquet ---------------------------------------------------------------------------------------
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("num_workers,runner", [(0, "thread"), (2, "thread"), (2, "process")])
+def test_parquet_without_the_text_column(recipe_with, tmp_path, corpus_texts, num_workers, runner):
+    path = tmp_path / "notext.parquet"
+    write_parquet(path, {"id": list(range(40)), "body": corpus_texts[:40]})
+    recipe = recipe_with([src("web", path, "parquet")])
+    where, exc = first_error(recipe, num_workers=num_workers, runner=runner)
+    assert where == "iterate" and isinstance(exc, SourceError), exc
+    msg = str(exc)
+    assert str(path) in msg and "no column 'text'" in msg and "columns: id, body" in msg
+    assert "Set text_field" in msg
+
+
+def test_parquet_text_column_that_is_not_text(recipe_with, tmp_path, corpus_texts):
+    path = tmp_path / "ints.parquet"
+    write_parquet(path, {"text": list(range(40)), "body": corpus_texts[:40]})
+    where, exc = first_error(recipe_with([src("web", path, "parquet")]))
+    assert where == "iterate" and isinstance(exc, SourceError), exc
+    msg = str(exc)
+    assert str(path) in msg and "'text'" in msg and "int64" in msg and "not a string" in msg
+    # The fix it suggests works: point text_field at the text column.
+    assert first_error(recipe_with([src("web", path, "parquet", text_field="body")]), steps=3) == ("none", None)
+
+
+def _damage(path: Path, how: str) -> None:
+    raw = path.read_bytes()
+    if how == "garbage":
+        path.write_bytes(np.random.default_rng(1).bytes(len(raw)))
+    elif how == "truncated":
+        path.write_bytes(raw[: len(raw) // 2])
+    else:  # "pages": valid footer, every data page of the text column overwritten
+        data = bytearray(raw)
+        meta = pq.ParquetFile(path).metadata
+        for g in range(meta.num_row_groups):
+            cc = meta.row_group(g).column(0)
+            first = cc.dictionary_page_offset or cc.data_page_offset
+            data[first:first + cc.total_compressed_size] = np.random.default_rng(g).bytes(cc.total_compressed_size)
+        path.write_bytes(bytes(data))
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("how", ["garbage", "truncated", "pages"])
+@pytest.mark.parametrize("lanes", [2, 16])
+def test_corrupt_parquet_is_a_source_error(recipe_with, tmp_path, corpus_texts, how, lanes):
+    good, bad = tmp_path / "a-good.parquet", tmp_path / "b-bad.parquet"
+    write_parquet(good, {"text": corpus_texts[:60]})
+    write_parquet(bad, {"text": corpus_texts[60:200]})
+    _damage(bad, how)
+    where, exc = first_error(recipe_with([src("web", tmp_path, "parquet")], lanes=lanes))
+    assert isinstance(exc, SourceError), exc
+    assert str(bad) in str(exc) and "re-write or remove" in str(exc).lower()
+    if lanes == 2 or how == "pages":  # whole-file units (or a readable footer): found while reading
+        assert where == "iterate"
+    # with fewer files than lanes the planner reads the footers, so a broken footer fails the build
+
+
+# -- JSON Lines -------------------------------------------------------------------------------------
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("bad,expect", [
+    (b'{"id": 3, "text": "unterminated', "not valid JSON"),
+    (b'["a", "list", "not", "an", "object"]', "a JSON object is expected, got list"),
+    (b'{"id": 3, "body": "no text field here"}', "no field 'text' (fields: body, id)"),
+    (b'{"id": 3, "text": 12345}', "field 'text' holds int, not text"),
+])
+def test_bad_jsonl_line_names_file_and_byte_offset(recipe_with, tmp_path, corpus_texts, bad, expect):
+    path = tmp_path / "docs.jsonl"
+    records = good_records(corpus_texts, 40)
+    raw = write_jsonl(path, records[:25] + [bad] + records[25:])
+    offset = raw.index(bad)
+    where, exc = first_error(recipe_with([src("code", path, "jsonl")]))
+    assert where == "iterate" and isinstance(exc, SourceError), exc
+    msg = str(exc)
+    assert str(path) in msg and f"byte {offset}:" in msg and expect in msg
+    assert any(fix in msg for fix in ("Fix or remove", "fix or remove", "Set text_field", "Point text_field")), msg
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("kind", ["gz", "zst"])
+@pytest.mark.parametrize("lanes", [2, 16])
+def test_truncated_compressed_jsonl(recipe_with, tmp_path, corpus_texts, kind, lanes):
+    good, bad = tmp_path / f"a.jsonl.{kind}", tmp_path / f"b.jsonl.{kind}"
+    write_jsonl(good, good_records(corpus_texts, 50), compress=kind)
+    write_jsonl(bad, good_records(corpus_texts, 400, start=50), compress=kind)
+    bad.write_bytes(bad.read_bytes()[: bad.stat().st_size // 2])
+    where, exc = first_error(recipe_with([src("code", tmp_path, "jsonl")], lanes=lanes))
+    assert isinstance(exc, SourceError), exc
+    assert str(bad) in str(exc) and "corrupt or truncated" in str(exc)
+    assert where == ("iterate" if lanes == 2 else "build")  # few files: lines are counted to plan
+
+
+# -- empty records ----------------------------------------------------------------------------------
+
+@pytest.mark.timeout(120)
+def test_nulls_and_empty_strings_are_skipped_counted_and_elastic(recipe_with, tmp_path, corpus_texts):
+    (tmp_path / "web").mkdir()
+    (tmp_path / "code").mkdir()
+    for f in range(4):
+        texts = corpus_texts[f * 50:(f + 1) * 50]
+        texts = [None if k % 3 == 0 else "" if k % 4 == 1 else t for k, t in enumerate(texts)]
+        write_parquet(tmp_path / "web" / f"{f}.parquet", {"text": pa.array(texts, pa.string())}, row_group_size=6)
+    for f in range(2):
+        records = []
+        for k, r in enumerate(good_records(corpus_texts, 60, start=400 + 60 * f)):
+            records.append(r)
+            records.append([{"text": None}, {"text": ""}, b"", b"   "][k % 4])
+        write_jsonl(tmp_path / "code" / f"{f}.jsonl", records)
+    recipe = recipe_with([src("web", tmp_path / "web", "parquet", weight=0.6),
+                          src("code", tmp_path / "code", "jsonl", weight=0.4)])
+    steps = 6
+    loader = build_loader(recipe, rank=0, world_size=1)
+    for _ in range(steps):
+        next(loader)
+    m = loader.metrics()
+    assert m["skipped_records"] > 0 and m["docs"] > 0 and len(m["source_token_share"]) == 2
+    ranks = [build_loader(recipe, rank=r, world_size=4) for r in range(4)]
+    for _ in range(steps):
+        for ld in ranks:
+            next(ld)
+    assert sum(ld.metrics()["skipped_records"] for ld in ranks) == m["skipped_records"]  # lane-determined
+    reference = global_hashes(recipe, 1, steps)
+    assert len(set(reference)) == steps
+    assert global_hashes(recipe, 4, steps) == reference
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("layout", ["only_source", "second_source"])
+def test_source_with_only_empty_records_is_an_error_not_a_loop(recipe_with, tmp_path, corpus_texts, layout):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    for f in range(3):
+        write_jsonl(empty / f"{f}.jsonl", [{"text": ""}, {"text": None}, b"", b"  "] * 30)
+    sources = [src("blank", empty, "jsonl")]
+    if layout == "second_source":
+        write_parquet(tmp_path / "good.parquet", {"text": corpus_texts[:80]})
+        sources = [src("good", tmp_path / "good.parquet", "parquet"), *sources]
+    where, exc = first_error(recipe_with(sources))
+    assert where == "iterate" and isinstance(exc, SourceError), exc
+    assert "source 'blank' gave no document" in str(exc) and "text_field" in str(exc)
+
+
+@pytest.mark.timeout(60)
+def test_filter_that_rejects_everything_is_an_error_not_a_loop(make_recipe):
+    where, exc = first_error(make_recipe(), text_filter=lambda text: False)
+    assert where == "iterate" and isinstance(exc, SourceError), exc
+    assert "gave no document" in str(exc) and "filters" in str(exc)

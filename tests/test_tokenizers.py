@@ -1,0 +1,195 @@
+"""The batched tokenizer call against each backend's own per-document encoding.
+
+``zephon.load_tokenizer(spec).encode(texts)`` must give, for every document, exactly what the
+backend library gives for that document alone, framed by BOS/EOS as the spec asks, with offsets
+that locate each document in the flat array. The reference encoders below are built with the
+backends' own loaders (``SentencePieceProcessor``, ``tokenizers.Tokenizer.from_file``,
+``tiktoken.load.load_tiktoken_bpe``), not through Zephon.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import sentencepiece as spm
+import tiktoken
+from tiktoken.load import load_tiktoken_bpe
+from tokenizers import Tokenizer as HFTokenizer
+
+from zephon import RecipeError, TokenizerSpec, WorkPlan, load_tokenizer, recipe_from_dict
+from zephon.runner import ChunkWorker
+from zephon.tokenizer import CL100K_PATTERN
+
+KINDS = ("sentencepiece", "huggingface", "tiktoken")
+EXTRA = ["", "héllo wörld — naïve café", "日本語のテキストです。", "emoji 😀🎉 and\ttabs\r\nCRLF", "x",
+         "  leading and trailing  ", "\n\n\n", "a" * 3000, "def f(x):\n    return x ** 2\n"]
+
+
+class Reference:
+    """A backend's own encoder of one document, and its special ids."""
+
+    def __init__(self, kind: str, path: Path) -> None:
+        self.kind = kind
+        if kind == "sentencepiece":
+            sp = spm.SentencePieceProcessor(model_file=str(path))
+            self.encode = lambda t: sp.encode(t, out_type=int)
+            self.decode = None  # SentencePiece normalises whitespace: no exact round trip to check
+            self.eos, self.bos = sp.piece_to_id("</s>"), sp.piece_to_id("<s>")
+            assert sp.id_to_piece(self.eos) == "</s>"
+        elif kind == "huggingface":
+            tok = HFTokenizer.from_file(str(path))
+            self.encode = lambda t: tok.encode(t, add_special_tokens=False).ids
+            self.decode = lambda ids: tok.decode(ids)
+            self.eos, self.bos = tok.token_to_id("<|endoftext|>"), None
+        else:
+            ranks = load_tiktoken_bpe(str(path))
+            special = {"<|endoftext|>": len(ranks), "<|startoftext|>": len(ranks) + 1}
+            enc = tiktoken.Encoding("ref", pat_str=CL100K_PATTERN, mergeable_ranks=ranks, special_tokens=special)
+            self.encode = enc.encode_ordinary
+            self.decode = enc.decode
+            self.eos, self.bos = special["<|endoftext|>"], special["<|startoftext|>"]
+
+
+@pytest.fixture(scope="module")
+def paths(sp_model, hf_tokenizer, tiktoken_file) -> dict[str, Path]:
+    return {"sentencepiece": sp_model, "huggingface": hf_tokenizer, "tiktoken": tiktoken_file}
+
+
+@pytest.fixture(scope="module")
+def texts(corpus_texts) -> list[str]:
+    return corpus_texts[::37][:60] + EXTRA
+
+
+def spec(kind: str, paths, **kw) -> TokenizerSpec:
+    if kind == "tiktoken" and kw.get("add_bos"):
+        kw.setdefault("bos_token", "<|startoftext|>")
+    if kind == "huggingface" and kw.get("add_bos"):
+        kw.setdefault("bos_token", "<|endoftext|>")  # the test tokenizer has no BOS of its own
+    return TokenizerSpec(kind=kind, path=str(paths[kind]), **kw)
+
+
+def check_framing(tokens: np.ndarray, offsets: np.ndarray, expected: list[list[int]]) -> None:
+    assert tokens.dtype == np.int32 and offsets.dtype == np.int64
+    assert offsets.shape == (len(expected) + 1,)
+    assert offsets[0] == 0 and offsets[-1] == len(tokens)
+    assert np.diff(offsets).tolist() == [len(e) for e in expected]
+    for k, e in enumerate(expected):
+        assert tokens[offsets[k]:offsets[k + 1]].tolist() == e, f"document {k}"
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("add_bos,add_eos", [(False, True), (True, True), (False, False), (True, False)])
+def test_encode_equals_backend_per_document(kind, paths, texts, add_bos, add_eos):
+    ref = Reference(kind, paths[kind])
+    tok = load_tokenizer(spec(kind, paths, add_bos=add_bos, add_eos=add_eos))
+    bos = ref.eos if kind == "huggingface" else ref.bos
+    expected = [([bos] if add_bos else []) + ref.encode(t) + ([ref.eos] if add_eos else []) for t in texts]
+    assert sum(len(e) for e in expected) > 5 * len(texts)  # real text, not trivially short
+    tokens, offsets = tok.encode(texts)
+    check_framing(tokens, offsets, expected)
+    if ref.decode is not None:  # byte-level BPEs are lossless: the body decodes to the document
+        body = slice(int(add_bos), -1 if add_eos else None)
+        for k, t in enumerate(texts):
+            assert ref.decode(tokens[offsets[k]:offsets[k + 1]][body].tolist()) == t
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_encode_does_not_depend_on_how_documents_are_batched(kind, paths, texts):
+    """Chunk sizes must not change tokens: encoding a split list gives the same flat array."""
+    tok = load_tokenizer(spec(kind, paths))
+    whole, whole_off = tok.encode(texts)
+    cut = len(texts) // 3
+    a, a_off = tok.encode(texts[:cut])
+    b, b_off = tok.encode(texts[cut:])
+    assert np.array_equal(whole, np.concatenate([a, b]))
+    assert np.array_equal(whole_off, np.concatenate([a_off, b_off[1:] + a_off[-1]]))
+    singles = [tok.encode([t])[0] for t in texts]
+    assert np.array_equal(whole, np.concatenate(singles))
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("add_bos,add_eos", [(False, True), (True, True), (False, False)])
+def test_empty_list_and_empty_documents(kind, paths, add_bos, add_eos):
+    ref = Reference(kind, paths[kind])
+    tok = load_tokenizer(spec(kind, paths, add_bos=add_bos, add_eos=add_eos))
+    tokens, offsets = tok.encode([])
+    assert tokens.dtype == np.int32 and tokens.shape == (0,)
+    assert offsets.dtype == np.int64 and offsets.tolist() == [0]
+
+    nothing = ["", " ", "\n\t "] if kind == "sentencepiece" else [""]  # documents with no tokens at all
+    for t in nothing:
+        assert ref.encode(t) == []
+    docs = nothing + ["a b"] + nothing + ["c"] + nothing
+    framing = int(add_bos) + int(add_eos)
+    tokens, offsets = tok.encode(docs)
+    lengths = np.diff(offsets).tolist()
+    assert lengths == [framing if t.strip() == "" else framing + len(ref.encode(t)) for t in docs]
+    if add_eos:
+        assert tokens[offsets[1:] - 1].tolist() == [tok.eos_id] * len(docs)
+    # All documents empty: a valid, empty (or specials-only) result, not an error.
+    tokens, offsets = tok.encode(nothing)
+    assert len(tokens) == framing * len(nothing) and offsets.tolist() == [framing * k for k in range(len(nothing) + 1)]
+
+
+def test_documents_that_tokenize_to_nothing_are_dropped_with_their_cursors(tmp_path, sp_model):
+    """Without EOS a whitespace-only document has no tokens: the worker drops it, counts it as skipped,
+    and keeps the cursors of the documents it keeps aligned with them."""
+    lines = ["alpha beta", " ", "gamma", "\t\n", "", None, "delta epsilon"]
+    raw = b"".join(json.dumps({"text": t}).encode() + b"\n" for t in lines)
+    (tmp_path / "d.jsonl").write_bytes(raw)
+    recipe = recipe_from_dict({
+        "seed": 1, "lanes": 1, "seq_len": 16,
+        "tokenizer": {"kind": "sentencepiece", "path": str(sp_model), "add_eos": False},
+        "sources": [{"name": "d", "path": str(tmp_path / "d.jsonl"), "format": "jsonl"}],
+    })
+    plan = WorkPlan(recipe)
+    worker = ChunkWorker(recipe, plan)
+    task = next(plan.sources[0].chunk_tasks(0, 0, -1))
+    assert (task.start, task.end) == (0, len(raw))
+    out = worker(task)
+    sp = spm.SentencePieceProcessor(model_file=str(sp_model))
+    kept = ["alpha beta", "gamma", "delta epsilon"]
+    ends = np.cumsum([len(json.dumps({"text": t}).encode()) + 1 for t in lines]).tolist()
+    assert out.n_docs == 3 and out.raw_records == len(lines) and out.skipped == len(lines) - 3
+    assert out.next_cursors.tolist() == [ends[0], ends[2], ends[6]]
+    assert [out.tokens[a:b].tolist() for a, b in zip(out.offsets[:-1], out.offsets[1:])] == \
+        [sp.encode(t, out_type=int) for t in kept]
+    assert out.end_cursor == len(raw)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_special_ids_are_detected(kind, paths):
+    ref = Reference(kind, paths[kind])
+    tok = load_tokenizer(spec(kind, paths))
+    assert tok.eos_id == ref.eos is not None
+    assert tok.pad_id == tok.eos_id  # default padding id
+    assert tok.vocab_size > max(ref.encode("some text to tokenise 123"))
+    assert load_tokenizer(spec(kind, paths, pad_id=0)).pad_id == 0
+    if kind == "tiktoken":
+        assert tok.vocab_size == ref.eos + 1
+    if kind == "sentencepiece":
+        assert tok.bos_id == ref.bos == 1 and tok.eos_id == 2
+        assert load_tokenizer(spec(kind, paths, eos_token="<s>")).eos_id == ref.bos  # a named EOS
+
+
+@pytest.mark.parametrize("kind", ["sentencepiece", "huggingface"])
+def test_unknown_special_token_name_is_an_error(kind, paths):
+    """A misspelt eos_token must not silently become <unk> (or anything else)."""
+    with pytest.raises(RecipeError, match="<\\|no_such_token\\|>"):
+        load_tokenizer(spec(kind, paths, eos_token="<|no_such_token|>"))
+
+
+def test_huggingface_without_bos_asks_for_bos_token(paths):
+    with pytest.raises(RecipeError, match="BOS.*bos_token"):
+        load_tokenizer(TokenizerSpec(kind="huggingface", path=str(paths["huggingface"]), add_bos=True))
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_missing_tokenizer_file_names_the_path(kind, tmp_path):
+    missing = tmp_path / "nowhere" / "tok.file"
+    with pytest.raises(FileNotFoundError) as info:
+        load_tokenizer(TokenizerSpec(kind=kind, path=str(missing)))
+    assert str(missing) in str(info.value) and "tokenizer.path" in str(info.value)
