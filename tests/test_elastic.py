@@ -151,3 +151,19 @@ def test_seed_changes_the_data(make_recipe):
     a = global_hashes(make_recipe(seed=1), 1, 3)
     b = global_hashes(make_recipe(seed=2), 1, 3)
     assert a != b
+
+
+def test_the_rank_pipeline_is_a_torchdata_node(make_recipe):
+    """``loader.node`` works under torchdata's own ``Loader``, including its state_dict/restore."""
+    from torchdata.nodes import Loader
+
+    recipe = make_recipe(lanes=8)
+    reference = global_hashes(recipe, 1, 6)
+    ranks = [build_loader(recipe, rank=r, world_size=2) for r in range(2)]
+    wrapped = [iter(Loader(ld.node)) for ld in ranks]
+    got = [global_digest([next(w) for w in wrapped]) for _ in range(3)]
+    state = merge_states([ld.node.state_dict() for ld in ranks])
+    single = build_loader(recipe)
+    single.node.reset(state)
+    got += [global_digest([next(single.node)]) for _ in range(3)]
+    assert got == reference

@@ -78,6 +78,7 @@ class Recipe:
     chunk_rows: int = 256  # rows per stateless read+tokenize task (Parquet, compressed JSONL)
     chunk_bytes: int = 1 << 20  # bytes per task for plain JSONL
     unit_bytes: int = 64 << 20  # plain JSONL files are cut into units of at most this many bytes
+    cache_bytes: int = 1 << 30  # decoded Parquet row groups kept per process (speed only)
     origin: str = "<dict>"  # the file it came from, for messages
 
     @property
@@ -103,7 +104,7 @@ _SOURCE_KEYS = {f.name for f in dataclasses.fields(SourceSpec)}
 _MIX_KEYS = {"by"}
 _SHUFFLE_KEYS = {"buffer"}
 _SPLIT_KEYS = {"max_doc_tokens"}
-_READ_KEYS = {"chunk_rows", "chunk_bytes", "unit_bytes"}
+_READ_KEYS = {"chunk_rows", "chunk_bytes", "unit_bytes", "cache_bytes"}
 
 
 def _check_keys(table: Mapping[str, Any], allowed: set[str], where: str, origin: str) -> None:
@@ -176,6 +177,7 @@ def recipe_from_dict(data: Mapping[str, Any], base_dir: str | os.PathLike | None
         chunk_rows=int(data.get("read", {}).get("chunk_rows", 256)),
         chunk_bytes=int(data.get("read", {}).get("chunk_bytes", 1 << 20)),
         unit_bytes=int(data.get("read", {}).get("unit_bytes", 64 << 20)),
+        cache_bytes=int(data.get("read", {}).get("cache_bytes", 1 << 30)),
         origin=origin,
     )
     return _validate(recipe)
@@ -200,7 +202,8 @@ def _positive(value: int, name: str, origin: str) -> None:
 
 def _validate(r: Recipe) -> Recipe:
     o = r.origin
-    for name in ("lanes", "seq_len", "batch_per_lane", "flush_every", "chunk_rows", "chunk_bytes", "unit_bytes"):
+    for name in ("lanes", "seq_len", "batch_per_lane", "flush_every", "chunk_rows", "chunk_bytes", "unit_bytes",
+                 "cache_bytes"):
         _positive(getattr(r, name), name, o)
     if r.seq_len < 2:
         raise RecipeError(f"{o}: 'seq_len' must be at least 2, got {r.seq_len}.")

@@ -54,10 +54,18 @@ class Reader(Protocol):
 
 
 class LRU:
-    """A tiny thread-safe LRU cache (per process) for file metadata and decoded row groups."""
+    """A tiny thread-safe LRU cache (per process) for file metadata and decoded row groups.
 
-    def __init__(self, capacity: int) -> None:
+    Bounded by entry count and, when ``size_of`` is given, by total size (``max_size``): lanes read
+    a row group chunk by chunk, so the decoded column stays cached while they do, but a working set
+    larger than the budget only costs re-reads, never memory. Caching never changes what is read.
+    """
+
+    def __init__(self, capacity: int, max_size: int | None = None,
+                 size_of: Callable[[Any], int] | None = None) -> None:
         self._cap = capacity
+        self._max_size, self._size_of = max_size, size_of
+        self._size = 0
         self._data: OrderedDict[Any, Any] = OrderedDict()
         self._lock = threading.Lock()
 
@@ -68,9 +76,14 @@ class LRU:
                 return self._data[key]
         value = make()
         with self._lock:
+            if key in self._data:  # another thread made it meanwhile
+                return self._data[key]
             self._data[key] = value
-            while len(self._data) > self._cap:
-                self._data.popitem(last=False)
+            self._size += self._size_of(value) if self._size_of else 0
+            while len(self._data) > self._cap or (
+                    self._max_size is not None and self._size > self._max_size and len(self._data) > 1):
+                _, old = self._data.popitem(last=False)
+                self._size -= self._size_of(old) if self._size_of else 0
         return value
 
 

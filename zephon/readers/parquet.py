@@ -24,13 +24,15 @@ _TEXT_TYPES = (pa.types.is_string, pa.types.is_large_string, pa.types.is_string_
 class ParquetReader:
     """Reads ``text_field`` of Parquet files; coordinates are row numbers within a file."""
 
-    def __init__(self, fs: fsspec.AbstractFileSystem, source: str, text_field: str, chunk_rows: int) -> None:
+    def __init__(self, fs: fsspec.AbstractFileSystem, source: str, text_field: str, chunk_rows: int,
+                 cache_bytes: int = 1 << 30) -> None:
         self.fs = fs
         self.source = source
         self.text_field = text_field
         self.chunk_rows = chunk_rows
         self._files = LRU(64)
-        self._columns = LRU(8)
+        # Decoded text columns of row groups, shared by this process's lanes and threads.
+        self._columns = LRU(1024, max_size=cache_bytes, size_of=lambda col: col.nbytes)
 
     # -- metadata -------------------------------------------------------------------------------
     def _open(self, path: str) -> pq.ParquetFile:
