@@ -10,6 +10,7 @@ boundaries over the flattened ``B*S`` tokens, padding as its own segment).
 from __future__ import annotations
 
 import hashlib
+from itertools import chain
 from typing import Mapping, Sequence
 
 import numpy as np
@@ -21,34 +22,44 @@ HASHED_KEYS = ("input_ids", "labels", "position_ids", "segment_ids", "loss_mask"
 
 
 def collate(rows: Sequence[Row], seq_len: int, pad_id: int) -> dict[str, torch.Tensor]:
-    """Build the batch dict for ``rows`` (in lane order)."""
+    """Build the batch dict for ``rows`` (in lane order), vectorised over the whole batch."""
     B, S = len(rows), seq_len
-    input_ids = np.full((B, S), pad_id, dtype=np.int64)
-    labels = np.full((B, S), IGNORE, dtype=np.int64)
-    position_ids = np.zeros((B, S), dtype=np.int64)
-    segment_ids = np.zeros((B, S), dtype=np.int32)
-    bounds = [np.zeros(1, dtype=np.int64)]
-    for b, row in enumerate(rows):
-        f = row.fill
-        tokens = row.tokens[:f]
-        lens = np.asarray(row.seg_lens, dtype=np.int64)
-        ends = np.cumsum(lens)
-        starts = ends - lens
-        input_ids[b, :f] = tokens
-        labels[b, :f - 1] = tokens[1:]
-        labels[b, ends - 1] = row.tails
-        position_ids[b, :f] = np.arange(f) - np.repeat(starts, lens)
-        segment_ids[b, :f] = np.repeat(np.arange(1, len(lens) + 1, dtype=np.int32), lens)
-        row_bounds = ends if f == S else np.append(ends, S)
-        bounds.append(row_bounds + b * S)
-    loss_mask = (labels != IGNORE).astype(np.float32)
+    fills = np.fromiter((r.fill for r in rows), dtype=np.int64, count=B)
+    seg_lens = np.fromiter(chain.from_iterable(r.seg_lens for r in rows), dtype=np.int64)
+    tails = np.fromiter(chain.from_iterable(r.tails for r in rows), dtype=np.int64, count=len(seg_lens))
+    segs_per_row = np.fromiter((len(r.seg_lens) for r in rows), dtype=np.int64, count=B)
+    tokens = np.concatenate([r.tokens[:r.fill] for r in rows]) if B else np.zeros(0, np.int32)
+
+    # flat position (row * S + offset in row) of every real token, and of every segment's first token
+    row_of_token = np.repeat(np.arange(B, dtype=np.int64), fills)
+    first_token_of_row = np.concatenate([[0], np.cumsum(fills)[:-1]])
+    flat = row_of_token * S + np.arange(len(tokens)) - first_token_of_row[row_of_token]
+    seg_start = np.concatenate([[0], np.cumsum(seg_lens)[:-1]])  # in the token stream
+    seg_rank = np.arange(len(seg_lens)) - np.repeat(np.concatenate([[0], np.cumsum(segs_per_row)[:-1]]), segs_per_row)
+
+    input_ids = np.full(B * S, pad_id, dtype=np.int64)
+    labels = np.full(B * S, IGNORE, dtype=np.int64)
+    position_ids = np.zeros(B * S, dtype=np.int64)
+    segment_ids = np.zeros(B * S, dtype=np.int32)
+    input_ids[flat] = tokens
+    labels[flat[:-1]] = tokens[1:]  # next token; every segment's last position is overwritten below
+    labels[flat[seg_start + seg_lens - 1]] = tails
+    position_ids[flat] = np.arange(len(tokens)) - np.repeat(seg_start, seg_lens)
+    segment_ids[flat] = np.repeat(seg_rank + 1, seg_lens).astype(np.int32)
+
+    # cu_seqlens: every segment start, plus the start of each row's padding, plus the end
+    starts = flat[seg_start] if len(seg_start) else np.zeros(0, np.int64)
+    pads = (np.arange(B) * S + fills)[fills < S]
+    bounds = np.union1d(np.union1d(starts, pads), np.arange(B) * S)
+    cu_seqlens = np.append(bounds, B * S).astype(np.int32)
+    labels = labels.reshape(B, S)
     return {
-        "input_ids": torch.from_numpy(input_ids),
+        "input_ids": torch.from_numpy(input_ids.reshape(B, S)),
         "labels": torch.from_numpy(labels),
-        "position_ids": torch.from_numpy(position_ids),
-        "segment_ids": torch.from_numpy(segment_ids),
-        "loss_mask": torch.from_numpy(loss_mask),
-        "cu_seqlens": torch.from_numpy(np.concatenate(bounds).astype(np.int32)),
+        "position_ids": torch.from_numpy(position_ids.reshape(B, S)),
+        "segment_ids": torch.from_numpy(segment_ids.reshape(B, S)),
+        "loss_mask": torch.from_numpy((labels != IGNORE).astype(np.float32)),
+        "cu_seqlens": torch.from_numpy(cu_seqlens),
     }
 
 
