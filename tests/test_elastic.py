@@ -167,3 +167,25 @@ def test_the_rank_pipeline_is_a_torchdata_node(make_recipe):
     single.node.reset(state)
     got += [global_digest([next(single.node)]) for _ in range(3)]
     assert got == reference
+
+
+def _keep_long(text: str) -> bool:
+    return len(text) > 80
+
+
+def test_text_hooks_run_on_workers_and_stay_elastic(make_recipe):
+    recipe = make_recipe(lanes=8)
+    plan = WorkPlan(recipe)
+    plain = global_hashes(recipe, 1, 4, plan=plan)
+    one = build_loader(recipe, text_filter=_keep_long)
+    filtered = [global_digest([next(one)]) for _ in range(4)]
+    assert filtered != plain and one.metrics()["skipped_records"] > 0
+    ranks = [build_loader(recipe, rank=r, world_size=2, num_workers=1, runner="process", text_filter=_keep_long)
+             for r in range(2)]
+    try:
+        assert [global_digest([next(ld) for ld in ranks]) for _ in range(4)] == filtered
+    finally:
+        for ld in ranks:
+            ld.close()
+    with pytest.raises(ValueError, match="module-level function"):
+        build_loader(recipe, num_workers=1, runner="process", text_filter=lambda t: True)
