@@ -1,0 +1,147 @@
+"""Zephon steps as Megatron micro-batches.
+
+Megatron's training loop calls ``next(data_iterator)`` once per micro-batch (through
+``get_batch_on_this_tp_rank``). :class:`MegatronBatches` fetches one Zephon step (this
+data-parallel rank's ``lanes/dp * batch_per_lane`` rows) on the first micro-batch of an iteration
+and hands its rows out as ``num_microbatches`` consecutive micro-batches of ``micro_batch_size``
+rows, in lane order; so the rows Megatron sees in an iteration, concatenated over micro-batches
+and then over data-parallel ranks, are exactly Zephon's global batch.
+
+Each micro-batch is the dict Megatron-LM's ``pretrain_gpt.py`` expects:
+
+``tokens``        int64 ``[mbs, S]``  (Zephon's ``input_ids``)
+``labels``        int64 ``[mbs, S]``  next token; positions without a label hold ``pad_id``
+                  (Megatron's cross-entropy indexes the vocabulary with every label; ``loss_mask``
+                  zeroes them, as Megatron's own ``GPTDataset`` does for padding)
+``loss_mask``     float32 ``[mbs, S]``
+``position_ids``  int64 ``[mbs, S]``  restarting at every document with ``--reset-position-ids``,
+                  else ``0..S-1`` (Megatron's convention)
+``attention_mask`` bool ``[mbs, 1, S, S]``, True where attention is *not* allowed (Megatron's
+                  convention), only when ``--create-attention-mask-in-dataloader`` is in effect
+                  (Megatron's default); causal, and also cut at document boundaries with
+                  ``--reset-attention-mask``
+``cu_seqlens``    int32 ``[1, n+1]`` document boundaries of the micro-batch's single row (padding
+                  is its own segment), only with ``--zephon-cu-seqlens`` (requires
+                  ``--micro-batch-size 1``, as Megatron's packed-sequence path does)
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+IGNORE_INDEX = -100  # zephon.IGNORE; duplicated to keep this module importable on its own
+
+
+class MegatronBatches:
+    """Iterator of Megatron micro-batch dicts over a :class:`zephon.ZephonLoader`.
+
+    ``state_dict()`` is the loader's lane-keyed state and may only be taken at an iteration
+    boundary (Megatron saves checkpoints between iterations). ``step`` counts whole Zephon steps
+    delivered; ``resume_step``/``resume_iteration`` record where this run's data started, so that
+    the checkpoint hook can check that one Zephon step was consumed per Megatron iteration.
+    """
+
+    def __init__(self, loader: Any, micro_batch_size: int, num_microbatches: int, *, pad_id: int,
+                 reset_position_ids: bool = True, attention_mask: bool = False, document_mask: bool = False,
+                 cu_seqlens: bool = False, split: str = "train", resume_step: int = 0,
+                 resume_iteration: int = 0) -> None:
+        self.loader = loader
+        self.micro_batch_size = int(micro_batch_size)
+        self.num_microbatches = int(num_microbatches)
+        self.pad_id = int(pad_id)
+        self.reset_position_ids = reset_position_ids
+        self.attention_mask = attention_mask
+        self.document_mask = document_mask
+        self.cu_seqlens = cu_seqlens
+        if cu_seqlens and self.micro_batch_size != 1:
+            raise ValueError(f"cu_seqlens (--zephon-cu-seqlens) needs --micro-batch-size 1 (Megatron's "
+                             f"packed-sequence path takes one row per micro-batch), got {self.micro_batch_size}.")
+        self.data_split = split  # not `split`: Megatron duck-types `dataset.split` (a Split enum)
+        self.resume_step = int(resume_step)
+        self.resume_iteration = int(resume_iteration)
+        self._micro = 0
+        self._batch: dict[str, torch.Tensor] | None = None
+        self._seq_len = int(loader.recipe.seq_len)
+        self._causal = torch.ones(self._seq_len, self._seq_len, dtype=torch.bool).tril_()
+
+    # -- iteration ------------------------------------------------------------------------------
+    @property
+    def step(self) -> int:
+        """Zephon steps delivered so far (a step counts once its first micro-batch is handed out)."""
+        return int(self.loader.step)
+
+    @property
+    def at_step_boundary(self) -> bool:
+        return self._micro == 0
+
+    def __iter__(self) -> MegatronBatches:
+        return self
+
+    def __next__(self) -> dict[str, torch.Tensor]:
+        if self._micro == 0:
+            batch = next(self.loader)
+            rows = int(batch["input_ids"].shape[0])
+            if rows != self.micro_batch_size * self.num_microbatches:
+                raise RuntimeError(f"a Zephon step gave {rows} rows, but {self.num_microbatches} micro-batches "
+                                   f"of {self.micro_batch_size} rows were expected.")
+            self._batch = batch
+        assert self._batch is not None
+        lo = self._micro * self.micro_batch_size
+        out = self.micro_batch(self._batch, slice(lo, lo + self.micro_batch_size))
+        self._micro += 1
+        if self._micro == self.num_microbatches:
+            self._micro, self._batch = 0, None
+        return out
+
+    def micro_batch(self, batch: dict[str, torch.Tensor], rows: slice) -> dict[str, torch.Tensor]:
+        """Megatron's dict for ``rows`` of a Zephon batch (see the module docstring)."""
+        labels = batch["labels"][rows].clone()
+        labels[labels == IGNORE_INDEX] = self.pad_id
+        tokens = batch["input_ids"][rows].contiguous()
+        n = tokens.shape[0]
+        if self.reset_position_ids:
+            position_ids = batch["position_ids"][rows].contiguous()
+        else:
+            position_ids = torch.arange(self._seq_len, dtype=torch.int64).expand(n, -1).contiguous()
+        out = {
+            "tokens": tokens,
+            "labels": labels,
+            "loss_mask": batch["loss_mask"][rows].to(torch.float32).contiguous(),
+            "position_ids": position_ids,
+        }
+        segments = batch["segment_ids"][rows]
+        if self.attention_mask:
+            allowed = self._causal.expand(n, -1, -1)
+            if self.document_mask:
+                allowed = allowed & (segments[:, :, None] == segments[:, None, :])
+            out["attention_mask"] = (~allowed).unsqueeze(1).contiguous()
+        if self.cu_seqlens:
+            out["cu_seqlens"] = row_cu_seqlens(segments[0]).unsqueeze(0)
+        return out
+
+    # -- state ----------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """The loader's lane-keyed state after the last whole step (JSON-serialisable)."""
+        if self._micro:
+            raise RuntimeError(f"the {self.data_split} data state was asked for after {self._micro} of "
+                               f"{self.num_microbatches} micro-batches of a step; Megatron saves between "
+                               f"iterations, so a save here means the iteration consumed a partial step "
+                               f"(check --global-batch-size and --micro-batch-size).")
+        return self.loader.state_dict()
+
+    def save_state(self) -> dict[str, Any]:
+        """For Megatron-LM's ``--dataloader-save`` hook (``maybe_save_dataloader_state``), which stores
+        it per data-parallel rank; the elastic, lane-keyed save is :func:`zephon_megatron.save_data_state`."""
+        return self.state_dict()
+
+    def close(self) -> None:
+        self.loader.close()
+
+
+def row_cu_seqlens(segment_ids: torch.Tensor) -> torch.Tensor:
+    """Boundaries ``[0, e1, e2, ..., S]`` (int32) of the runs of equal ``segment_ids`` in one row."""
+    S = int(segment_ids.shape[0])
+    change = torch.nonzero(segment_ids[1:] != segment_ids[:-1]).flatten() + 1
+    return torch.cat([torch.zeros(1, dtype=torch.int64), change, torch.tensor([S])]).to(torch.int32)

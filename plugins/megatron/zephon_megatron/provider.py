@@ -1,0 +1,302 @@
+"""The dataset provider for Megatron-LM's ``pretrain(...)``, its arguments and the checkpoint hook.
+
+With ``--dataloader-type external``, Megatron-LM hands whatever the provider returns straight to the
+training loop (wrapped in ``RerunDataIterator``), which calls ``next()`` on it once per
+micro-batch. This provider returns a :class:`~zephon_megatron.batches.MegatronBatches` over a Zephon
+loader on the ranks where Megatron reads data, and ``None`` elsewhere.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import os
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import zephon
+
+from .batches import MegatronBatches
+from .checkpoint import data_state_dir, find_data_state, read_data_state, read_header, write_data_state
+from .layout import Layout, ZephonMegatronError, check_fit, layout_from_megatron
+
+SPLITS = ("train", "valid")
+
+# What the provider built in this process: split -> (iterator, layout). Read by save_data_state().
+_ACTIVE: dict[str, tuple[MegatronBatches, Layout]] = {}
+_ARGS: Any = None
+
+
+# -- arguments ------------------------------------------------------------------------------------
+def add_zephon_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """``extra_args_provider`` for Megatron-LM: the ``--zephon-*`` options."""
+    g = parser.add_argument_group("zephon", "Zephon data loader (zephon_megatron)")
+    g.add_argument("--zephon-recipe", type=str, default=None,
+                   help="Zephon recipe (TOML) of the training data. Fixes --seq-length (seq_len) and "
+                        "--global-batch-size (lanes * batch_per_lane); the data-parallel size must divide lanes.")
+    g.add_argument("--zephon-valid-recipe", type=str, default=None,
+                   help="Zephon recipe of the validation data (same seq_len and lanes*batch_per_lane as the "
+                        "training recipe). Without it, pass --eval-iters 0.")
+    g.add_argument("--zephon-num-workers", type=int, default=2,
+                   help="Zephon read/tokenize workers per data-reading rank (speed only, never the batches).")
+    g.add_argument("--zephon-runner", choices=("thread", "process"), default="thread",
+                   help="thread: workers are threads; process: whole lanes on worker processes.")
+    g.add_argument("--zephon-prefetch", type=int, default=None,
+                   help="Zephon prefetch depth (chunks per source for threads, steps for processes).")
+    g.add_argument("--zephon-cu-seqlens", action="store_true",
+                   help="Add cu_seqlens (int32 [1, n+1] document boundaries) to every micro-batch, for "
+                        "Megatron-LM versions whose get_batch reads it (packed sequences, THD). "
+                        "Needs --micro-batch-size 1.")
+    g.add_argument("--zephon-ignore-data-state", action="store_true",
+                   help="Resuming a checkpoint without a Zephon data state (e.g. switching a run to Zephon): "
+                        "start the data at the recipe's beginning instead of failing.")
+    return parser
+
+
+def megatron_args_defaults(recipe: Any) -> dict[str, Any]:
+    """``args_defaults`` for ``pretrain``: the numbers the recipe fixes (used where the command line
+    does not set them; a conflicting command-line value is then reported by :func:`check_fit`)."""
+    if isinstance(recipe, (str, os.PathLike)):
+        recipe = zephon.load_recipe(str(recipe))
+    tok = zephon.load_tokenizer(recipe.tokenizer)
+    return {
+        "dataloader_type": "external",
+        "seq_length": recipe.seq_len,
+        "global_batch_size": recipe.lanes * recipe.batch_per_lane,
+        "micro_batch_size": 1,
+        # The ids Zephon produces are < the recipe tokenizer's vocab_size: Megatron needs no more to
+        # size (and pad) its embedding. Pass --tokenizer-type/--tokenizer-model to use another.
+        "tokenizer_type": "NullTokenizer",
+        "vocab_size": int(tok.vocab_size),
+    }
+
+
+# -- the provider ---------------------------------------------------------------------------------
+def _megatron_get_args() -> Any:
+    from megatron.training import get_args  # Megatron-LM (not part of megatron-core)
+
+    return get_args()
+
+
+def _rank0_print(layout: Layout, msg: str) -> None:
+    if layout.dp_rank == 0 and layout.writes_state:
+        print(f"[zephon] {msg}", flush=True)
+
+
+def _resume_folder(args: Any, split: str) -> Any:
+    iteration = int(getattr(args, "iteration", 0) or 0)
+    if iteration <= 0:
+        return None
+    roots = [getattr(args, "load", None), getattr(args, "non_persistent_global_ckpt_dir", None)]
+    return find_data_state(roots, iteration, split)
+
+
+def _resume(split: str, loader: Any, args: Any, layout: Layout) -> tuple[int, int]:
+    """Restore ``loader`` from the data state of the iteration Megatron resumed at; ``(step, iteration)``."""
+    iteration = int(getattr(args, "iteration", 0) or 0)
+    resume_step, resume_iteration = 0, iteration
+    folder = _resume_folder(args, split)
+    if folder is not None:
+        header = read_header(folder)
+        state = read_data_state(folder, loader.lanes, iteration)
+        loader.load_state_dict(state)  # refuses another recipe, naming the fields that differ
+        resume_step, resume_iteration = int(state["step"]), iteration
+        _rank0_print(layout, f"{split}: resumed at step {resume_step} (iteration {iteration}) from {folder}; saved "
+                             f"at data-parallel size {header.get('saved_with', {}).get('data_parallel_size')}, now "
+                             f"{layout.dp_size}")
+    elif iteration > 0:
+        if split == "train" and not getattr(args, "zephon_ignore_data_state", False):
+            looked = [str(data_state_dir(r, iteration, split)) for r in
+                      (getattr(args, "load", None), getattr(args, "non_persistent_global_ckpt_dir", None)) if r]
+            raise ZephonMegatronError(
+                f"Megatron resumed at iteration {iteration} but there is no Zephon data state for it (looked in "
+                f"{looked}). Either the save stopped between Megatron's files and Zephon's (resume an earlier "
+                f"checkpoint with --ckpt-step), or the run did not use Zephon before (pass "
+                f"--zephon-ignore-data-state to start the data at the recipe's beginning).")
+        _rank0_print(layout, f"{split}: no data state at iteration {iteration}; starting at the recipe's beginning")
+    return resume_step, resume_iteration
+
+
+def _build_split(split: str, recipe: Any, args: Any, layout: Layout) -> MegatronBatches:
+    loader = zephon.build_loader(recipe, rank=layout.dp_rank, world_size=layout.dp_size,
+                                 num_workers=int(getattr(args, "zephon_num_workers", 2)),
+                                 runner=getattr(args, "zephon_runner", "thread"),
+                                 prefetch=getattr(args, "zephon_prefetch", None))
+    try:
+        resume_step, resume_iteration = _resume(split, loader, args, layout)
+    except BaseException:
+        loader.close()
+        raise
+    mask = bool(getattr(args, "create_attention_mask_in_dataloader", False))
+    return MegatronBatches(
+        loader, layout.micro_batch_size, layout.num_microbatches, pad_id=loader.pad_id,
+        reset_position_ids=bool(getattr(args, "reset_position_ids", False)),
+        attention_mask=mask, document_mask=mask and bool(getattr(args, "reset_attention_mask", False)),
+        cu_seqlens=bool(getattr(args, "zephon_cu_seqlens", False)), split=split,
+        resume_step=resume_step, resume_iteration=resume_iteration)
+
+
+def build_data_iterators(args: Any, layout: Layout | None = None, vp_stage: int | None = None
+                         ) -> tuple[MegatronBatches | None, MegatronBatches | None, None]:
+    """``(train, valid, test)`` iterators for this rank (``None`` where Megatron reads no data).
+
+    ``args``: Megatron's argument namespace (``get_args()``). ``layout``: defaults to
+    :func:`layout_from_megatron` (``megatron.core.parallel_state`` and the micro-batch calculator).
+    The configuration checks run on every rank, so a misfit fails everywhere with the same message.
+    """
+    global _ARGS
+    if not getattr(args, "zephon_recipe", None):
+        raise ZephonMegatronError("--zephon-recipe is required: the Zephon recipe (TOML) of the training data.")
+    dl_type = getattr(args, "dataloader_type", "external")
+    if dl_type not in (None, "external"):
+        raise ZephonMegatronError(f"--dataloader-type {dl_type}: the Zephon provider returns a ready iterator; "
+                                  f"use --dataloader-type external.")
+    if layout is None:
+        layout = layout_from_megatron(args.micro_batch_size, vp_stage)
+    recipe = zephon.load_recipe(args.zephon_recipe)
+    check_fit(recipe, layout, seq_length=getattr(args, "seq_length", None),
+              global_batch_size=getattr(args, "global_batch_size", None),
+              rampup_batch_size=getattr(args, "rampup_batch_size", None))
+    valid_recipe = None
+    eval_iters = getattr(args, "eval_iters", 0) or 0
+    if getattr(args, "zephon_valid_recipe", None):
+        valid_recipe = zephon.load_recipe(args.zephon_valid_recipe)
+        check_fit(valid_recipe, layout, seq_length=getattr(args, "seq_length", None),
+                  global_batch_size=getattr(args, "global_batch_size", None), option="--zephon-valid-recipe")
+    elif not isinstance(eval_iters, int) or eval_iters > 0:
+        raise ZephonMegatronError(f"--eval-iters {eval_iters} needs validation data: pass --zephon-valid-recipe, or "
+                                  f"--eval-iters 0 to train without evaluation.")
+    if getattr(args, "zephon_cu_seqlens", False) and layout.micro_batch_size != 1:
+        raise ZephonMegatronError(f"--zephon-cu-seqlens needs --micro-batch-size 1 (Megatron's packed-sequence "
+                                  f"path takes one row per micro-batch); got --micro-batch-size "
+                                  f"{layout.micro_batch_size}. Use --micro-batch-size 1 (Megatron then runs more "
+                                  f"micro-batches per iteration; the batches do not change).")
+    if (getattr(args, "reset_attention_mask", False) and not getattr(args, "create_attention_mask_in_dataloader", False)
+            and not getattr(args, "zephon_cu_seqlens", False)):
+        raise ZephonMegatronError("--reset-attention-mask asks for document masking, which needs the mask in the "
+                                  "batch: drop --no-create-attention-mask-in-dataloader (dense [mbs,1,S,S] mask) or "
+                                  "pass --zephon-cu-seqlens (boundaries for packed-sequence attention).")
+    _ARGS = args
+    if not layout.consumes_data:
+        return None, None, None
+    train = _build_split("train", recipe, args, layout)
+    _register("train", train, layout)
+    valid = None
+    if valid_recipe is not None:
+        valid = _build_split("valid", valid_recipe, args, layout)
+        _register("valid", valid, layout)
+    _rank0_print(layout, f"data-parallel rank {layout.dp_rank} of {layout.dp_size} reads lanes "
+                         f"{train.loader.lanes.start}..{train.loader.lanes.stop - 1} of {recipe.lanes}: "
+                         f"{layout.num_microbatches} micro-batches of {layout.micro_batch_size} rows per iteration")
+    return train, valid, None
+
+
+def _register(split: str, it: MegatronBatches, layout: Layout) -> None:
+    old = _ACTIVE.get(split)
+    # With virtual pipelining the provider runs once per model chunk; the chunk that writes wins.
+    if old is None or (layout.writes_state and not old[1].writes_state):
+        _ACTIVE[split] = (it, layout)
+
+
+def make_datasets_provider(get_args: Callable[[], Any] | None = None) -> Callable[..., Any]:
+    """A ``train_valid_test_datasets_provider(train_val_test_num_samples, vp_stage=None)`` for ``pretrain``.
+
+    ``get_args``: where Megatron's arguments come from (default ``megatron.training.get_args``).
+    The provider is marked ``is_distributed``: Megatron calls it on every rank, and it returns
+    iterators on tensor-parallel rank 0 of the first and last pipeline stages only.
+    """
+
+    def train_valid_test_datasets_provider(train_val_test_num_samples: Any = None, vp_stage: int | None = None):
+        args = (get_args or _megatron_get_args)()
+        return build_data_iterators(args, vp_stage=vp_stage)
+
+    train_valid_test_datasets_provider.is_distributed = True  # type: ignore[attr-defined]
+    return train_valid_test_datasets_provider
+
+
+train_valid_test_datasets_provider = make_datasets_provider()
+
+
+# -- checkpoints ----------------------------------------------------------------------------------
+def active_iterators() -> dict[str, MegatronBatches]:
+    return {split: it for split, (it, _) in _ACTIVE.items()}
+
+
+def save_data_state(iteration: int, root: str | os.PathLike | None = None, args: Any = None,
+                    non_persistent: bool = False) -> list:
+    """Write this rank's lanes of every active split for ``iteration``; call it on every rank, right
+    after Megatron's ``save_checkpoint`` (the launcher's hook does). Returns the files written.
+
+    ``root``: the checkpoint folder, default ``args.save`` (``args.non_persistent_global_ckpt_dir``
+    for a global non-persistent save).
+    """
+    if not _ACTIVE:  # this rank reads no data (tensor-parallel rank > 0, middle pipeline stage)
+        return []
+    args = args if args is not None else _ARGS
+    if root is None:
+        if non_persistent:
+            kind = getattr(args, "non_persistent_ckpt_type", None)
+            if kind != "global":
+                _warn_once(f"Megatron saved a non-persistent checkpoint of type {kind!r} at iteration {iteration}; "
+                           f"Zephon's data state is written for persistent and 'global' non-persistent "
+                           f"checkpoints only, so resuming this one will ask for --zephon-ignore-data-state.")
+                return []
+            root = getattr(args, "non_persistent_global_ckpt_dir", None) or os.path.join(args.save, "non_persistent")
+        else:
+            root = getattr(args, "save", None)
+    if not root:
+        return []
+    written = []
+    for split, (it, layout) in _ACTIVE.items():
+        written += write_data_state(it, layout, iteration, root, check_iteration=(split == "train"))
+    return written
+
+
+_WARNED: set[str] = set()
+
+
+def _warn_once(msg: str) -> None:
+    if msg not in _WARNED:
+        _WARNED.add(msg)
+        print(f"[zephon] warning: {msg}", file=sys.stderr, flush=True)
+
+
+def wrap_save_checkpoint(save_checkpoint: Callable[..., Any]) -> Callable[..., Any]:
+    """``save_checkpoint`` followed by :func:`save_data_state` for the same iteration.
+
+    Works with every Megatron-LM signature (``iteration`` first, positional or keyword;
+    ``non_persistent_ckpt`` keyword where it exists).
+    """
+    if getattr(save_checkpoint, "_zephon_wrapped", False):
+        return save_checkpoint
+
+    @functools.wraps(save_checkpoint)
+    def save_checkpoint_with_data_state(*a: Any, **kw: Any) -> Any:
+        out = save_checkpoint(*a, **kw)
+        iteration = kw["iteration"] if "iteration" in kw else a[0]
+        save_data_state(int(iteration), non_persistent=bool(kw.get("non_persistent_ckpt", False)))
+        return out
+
+    save_checkpoint_with_data_state._zephon_wrapped = True  # type: ignore[attr-defined]
+    return save_checkpoint_with_data_state
+
+
+def install_checkpoint_hook(training_module: Any = None) -> None:
+    """Make Megatron-LM's training loop write Zephon's data state with every checkpoint.
+
+    Replaces ``save_checkpoint`` in ``megatron.training.training`` (the name its training loop
+    calls) by :func:`wrap_save_checkpoint` of it. Call once, before ``pretrain``.
+    """
+    if training_module is None:
+        from megatron.training import training as training_module  # Megatron-LM
+    training_module.save_checkpoint = wrap_save_checkpoint(training_module.save_checkpoint)
+
+
+def reset() -> None:
+    """Close and forget the iterators built in this process (tests, repeated ``pretrain`` calls)."""
+    global _ARGS
+    for it, _ in list(_ACTIVE.values()):
+        it.close()
+    _ACTIVE.clear()
+    _ARGS = None
