@@ -1,0 +1,310 @@
+"""``ZephonDataLoader``: a Zephon recipe as a Torchtitan 0.3 dataloader.
+
+The trainer builds it with ``config.dataloader.build(dp_world_size=, dp_rank=, tokenizer=, seq_len=,
+local_batch_size=, ...)``. Data-parallel rank ``r`` of ``N`` owns the recipe's lanes
+``[r*L/N, (r+1)*L/N)`` and receives ``L/N * batch_per_lane`` rows per global step; those rows are
+yielded as ``rows / local_batch_size`` consecutive micro-batches (the trainer's gradient accumulation),
+each ``({"input": LongTensor[B, S], "positions": LongTensor[B, S]}, labels)``. So the global batch
+of every optimizer step is the recipe's ``lanes * batch_per_lane`` rows, identical for every ``N``.
+
+Checkpoints go through Torchtitan's DCP checkpointer. The state is keyed by *lane*, not by rank: one
+entry per lane (``lane_00007``) plus a header that every rank writes identically (DCP keeps one copy),
+so a checkpoint written at dp degree ``N`` loads at any degree ``M`` that divides the lane count:
+each rank asks DCP for its own lanes' entries only. No collective, no side files.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tomllib
+import weakref
+from collections import deque
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+from torchtitan.components.dataloader import BaseDataLoader
+from torchtitan.components.loss import IGNORE_INDEX
+from torchtitan.tools.logging import logger
+
+import zephon
+from zephon import Recipe
+
+#: ``[tokenizer] path`` value that means "the trainer's Hugging Face tokenizer" (``--hf_assets_path``).
+TRAINER_TOKENIZER = "@hf_assets_path"
+
+HEADER_KEY = "zephon"
+LANE_PREFIX = "lane_"
+_HEADER_FIELDS = ("format", "version", "fingerprint", "recipe", "step")
+
+
+def lane_key(lane: int) -> str:
+    return f"{LANE_PREFIX}{lane:05d}"
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def trainer_tokenizer_dir(tokenizer: Any) -> str | None:
+    """The directory the trainer's tokenizer was loaded from (``--hf_assets_path``), if it has one."""
+    return getattr(tokenizer, "tokenizer_path", None)
+
+
+def resolve_recipe(path: str, hf_assets_path: str | None = None, *, seed: int | None = None,
+                   lanes: int | None = None, batch_per_lane: int | None = None,
+                   flush_every: int | None = None) -> Recipe:
+    """Load a Zephon recipe for a Torchtitan run.
+
+    ``[tokenizer] path = "@hf_assets_path"`` in the recipe means the trainer's Hugging Face tokenizer
+    (``tokenizer.json`` in ``--hf_assets_path``); other paths resolve relative to the recipe file as
+    usual. ``seed``/``lanes``/``batch_per_lane``/``flush_every`` replace the recipe's values when given
+    (each makes a different run: they are part of the recipe's fingerprint).
+    """
+    if not path:
+        raise ValueError("ZephonDataLoader needs a recipe: set --dataloader.recipe path/to/recipe.toml "
+                         "(see recipes/torchtitan/).")
+    p = Path(path)
+    if not p.is_file():
+        raise FileNotFoundError(f"Zephon recipe not found: {path} (--dataloader.recipe; relative paths "
+                                f"resolve against the working directory {os.getcwd()}).")
+    try:
+        data = tomllib.loads(p.read_text(encoding="utf-8"))
+    except tomllib.TOMLDecodeError as exc:
+        raise zephon.RecipeError(f"{p}: not valid TOML: {exc}") from exc
+    tok = data.get("tokenizer")
+    if isinstance(tok, dict) and tok.get("path") == TRAINER_TOKENIZER:
+        if tok.get("kind", "huggingface") != "huggingface":
+            raise zephon.RecipeError(f"{p}: [tokenizer] path = '{TRAINER_TOKENIZER}' (the trainer's Hugging "
+                                     f"Face tokenizer) needs kind = 'huggingface', not '{tok.get('kind')}'.")
+        if not hf_assets_path:
+            raise zephon.RecipeError(f"{p}: [tokenizer] path = '{TRAINER_TOKENIZER}' asks for the trainer's "
+                                     f"Hugging Face tokenizer, but the trainer's tokenizer has no directory; "
+                                     f"set --hf_assets_path to a folder holding tokenizer.json.")
+        tokenizer_json = Path(hf_assets_path) / "tokenizer.json"
+        if not tokenizer_json.is_file():
+            raise FileNotFoundError(f"{p}: [tokenizer] path = '{TRAINER_TOKENIZER}' but {tokenizer_json} does "
+                                    f"not exist; point --hf_assets_path at a folder holding tokenizer.json.")
+        data = {**data, "tokenizer": {**tok, "kind": "huggingface", "path": str(tokenizer_json.resolve())}}
+    recipe = zephon.recipe_from_dict(data, base_dir=p.parent.resolve(), origin=str(p))
+    changes = {k: v for k, v in (("seed", seed), ("lanes", lanes), ("batch_per_lane", batch_per_lane),
+                                 ("flush_every", flush_every)) if v is not None}
+    return recipe.replace(**changes) if changes else recipe
+
+
+def check_fit(recipe: Recipe, dp_degree: int, seq_len: int, local_batch_size: int) -> int:
+    """Refuse a trainer setting that does not fit the recipe; return the micro-batches per step."""
+    L, b = recipe.lanes, recipe.batch_per_lane
+    if seq_len != recipe.seq_len:
+        raise ValueError(f"training.seq_len={seq_len} does not match the Zephon recipe {recipe.origin} "
+                         f"(seq_len = {recipe.seq_len}). Set --training.seq_len {recipe.seq_len}, or use a "
+                         f"recipe with seq_len = {seq_len} (seq_len is part of the recipe's fingerprint).")
+    if dp_degree < 1 or L % dp_degree:
+        raise ValueError(f"the data-parallel degree {dp_degree} does not divide the recipe's lanes = {L} "
+                         f"({recipe.origin}): every data-parallel rank must own the same number of lanes. "
+                         f"Use a data-parallel degree (data_parallel_replicate_degree x "
+                         f"data_parallel_shard_degree) in {_divisors(L)}, or a recipe whose lanes is a "
+                         f"multiple of {dp_degree} (lanes is fixed for the life of a run).")
+    rows = L // dp_degree * b
+    if local_batch_size < 1 or rows % local_batch_size:
+        raise ValueError(f"training.local_batch_size={local_batch_size} does not fit the Zephon recipe "
+                         f"{recipe.origin}: at data-parallel degree {dp_degree} each rank receives lanes/dp x "
+                         f"batch_per_lane = {L}/{dp_degree} x {b} = {rows} rows per global step. Set "
+                         f"--training.local_batch_size to {rows} or a divisor of it ({_divisors(rows)}) "
+                         f"(with pipeline parallelism: --parallelism.pipeline_parallel_microbatch_size), and "
+                         f"--training.global_batch_size {L * b} (the recipe's global batch, lanes x "
+                         f"batch_per_lane) so that one optimizer step consumes one global batch.")
+    return rows // local_batch_size
+
+
+def to_torchtitan(batch: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+    """A Zephon rank batch as ``({"input", "positions"}, labels)`` for the Torchtitan 0.3 trainer.
+
+    ``positions`` restart at 0 at every packed document (Torchtitan derives its block-causal mask and
+    RoPE from them). Zephon writes position 0 on every padding token; here the padding tail of a row
+    counts as one more document (0, 1, 2, ...), so a mask sees one padding segment instead of one per
+    token. Its labels are ignored either way.
+    """
+    pad = batch["segment_ids"] == 0
+    positions = torch.where(pad, pad.cumsum(1) - 1, batch["position_ids"])
+    labels = batch["labels"]
+    if zephon.IGNORE != IGNORE_INDEX:  # both are -100 today; keep the contract explicit
+        labels = labels.masked_fill(labels == zephon.IGNORE, IGNORE_INDEX)
+    return {"input": batch["input_ids"], "positions": positions}, labels
+
+
+def row_digests(inputs: dict[str, torch.Tensor], labels: torch.Tensor) -> list[str]:
+    """SHA-256 of each row as the trainer consumes it (input, positions, labels; int64 bytes)."""
+    out = []
+    for i in range(labels.shape[0]):
+        h = hashlib.sha256()
+        for t in (inputs["input"][i], inputs["positions"][i], labels[i]):
+            h.update(t.contiguous().numpy().tobytes())
+        out.append(h.hexdigest())
+    return out
+
+
+def split_state(state: dict[str, Any]) -> dict[str, str]:
+    """A Zephon loader state as DCP entries: one header plus one entry per lane (JSON strings)."""
+    header = {k: state[k] for k in _HEADER_FIELDS}
+    out = {HEADER_KEY: json.dumps(header, sort_keys=True)}
+    for lane, lane_state in state["lanes"].items():
+        out[lane_key(int(lane))] = json.dumps(lane_state, sort_keys=True)
+    return out
+
+
+def merge_entries(entries: dict[str, Any]) -> dict[str, Any]:
+    """The inverse of :func:`split_state` over whichever lanes' entries are present."""
+    if HEADER_KEY not in entries:
+        raise zephon.StateError(f"this dataloader state has no '{HEADER_KEY}' header entry (keys: "
+                                f"{sorted(entries)[:6]}...): it was not written by ZephonDataLoader.")
+    state = json.loads(entries[HEADER_KEY])
+    state["lanes"] = {str(int(k[len(LANE_PREFIX):])): json.loads(v) for k, v in entries.items()
+                      if k.startswith(LANE_PREFIX)}
+    return state
+
+
+class ZephonDataLoader(BaseDataLoader):
+    """A Zephon recipe as a Torchtitan dataloader (elastic: resume at any dp degree dividing lanes)."""
+
+    @dataclass(kw_only=True, slots=True)
+    class Config(BaseDataLoader.Config):
+        # (``dataset`` / ``dataset_path`` are inherited from BaseDataLoader.Config and ignored.)
+        recipe: str = ""
+        """Zephon recipe (TOML), relative to the working directory. (ZephonTrainer gives a validator
+        loader with no recipe the training one.)"""
+
+        seed: int | None = None
+        """Replace the recipe's seed (a different run: new shard orders, routing, shuffles)."""
+
+        lanes: int | None = None
+        """Replace the recipe's lanes (a different run; the global batch is lanes x batch_per_lane)."""
+
+        batch_per_lane: int | None = None
+        """Replace the recipe's batch_per_lane (a different run)."""
+
+        flush_every: int | None = None
+        """Replace the recipe's flush_every (a different run)."""
+
+        num_workers: int = 0
+        """Zephon read+tokenize workers per rank (speed only: batches are identical for any count)."""
+
+        runner: Literal["thread", "process"] = "thread"
+        """Where the workers run: threads, or processes holding whole lanes (speed only)."""
+
+        prefetch: int | None = None
+        """Chunks per source ahead (threads) or steps ahead (processes); default Zephon's."""
+
+        infinite: bool = True
+        """Zephon sources repeat (in new orders) forever. False (the validator sets it when
+        validator.steps is -1) stops after ``max_steps`` global batches, which must then be set."""
+
+        max_steps: int = 0
+        """Stop after this many global batches (0: never)."""
+
+        hash_log: str = ""
+        """Folder to append one JSON line per micro-batch to (``rank<R>.jsonl``): the SHA-256 of every
+        row the trainer receives, with its step and global row index. For verifying determinism."""
+
+        def load_recipe(self, hf_assets_path: str | None = None) -> Recipe:
+            return resolve_recipe(self.recipe, hf_assets_path, seed=self.seed, lanes=self.lanes,
+                                  batch_per_lane=self.batch_per_lane, flush_every=self.flush_every)
+
+    def __init__(self, config: Config, *, dp_world_size: int = 1, dp_rank: int = 0, tokenizer: Any = None,
+                 seq_len: int, local_batch_size: int, **kwargs: Any) -> None:
+        # kwargs: snapshot_every_n_steps and anything a later trainer passes; Zephon needs none of them.
+        self.config = config
+        self.dp_rank, self.dp_world_size = dp_rank, dp_world_size
+        self.recipe = config.load_recipe(trainer_tokenizer_dir(tokenizer))
+        self.micro_batches = check_fit(self.recipe, dp_world_size, seq_len, local_batch_size)
+        self.local_batch_size = local_batch_size
+        if not config.infinite and config.max_steps <= 0:
+            raise ValueError("ZephonDataLoader: infinite=False needs max_steps > 0 (a Zephon recipe is an "
+                             "endless stream). Set --validator.steps N (or --validator.dataloader.max_steps N).")
+        self.max_steps = config.max_steps if config.max_steps > 0 else None
+        self._loader = zephon.build_loader(self.recipe, rank=dp_rank, world_size=dp_world_size,
+                                           num_workers=config.num_workers, runner=config.runner,
+                                           prefetch=config.prefetch, max_steps=self.max_steps)
+        weakref.finalize(self, self._loader.close)
+        self.lanes = self._loader.lanes
+        self._pending: deque[tuple[dict[str, torch.Tensor], torch.Tensor]] = deque()
+        self._hash_file = None
+        if config.hash_log:
+            import torch.distributed as dist
+            rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else dp_rank
+            Path(config.hash_log).mkdir(parents=True, exist_ok=True)
+            self._hash_file = open(Path(config.hash_log) / f"rank{rank}.jsonl", "a", encoding="utf-8")
+            weakref.finalize(self, self._hash_file.close)
+        logger.info(f"Zephon: recipe {self.recipe.origin}, lanes {self.lanes.start}..{self.lanes.stop - 1} of "
+                    f"{self.recipe.lanes} on dp rank {dp_rank}/{dp_world_size}, "
+                    f"{len(self.lanes) * self.recipe.batch_per_lane} rows per step in {self.micro_batches} "
+                    f"micro-batch(es) of {local_batch_size}, fingerprint {self._loader.fingerprint}")
+
+    @property
+    def step(self) -> int:
+        """Global batches fetched so far (all of whose micro-batches are yielded once none is pending)."""
+        return self._loader.step
+
+    def _fetch(self) -> None:
+        inputs, labels = to_torchtitan(next(self._loader))
+        b = self.local_batch_size
+        for j in range(self.micro_batches):
+            rows = slice(j * b, (j + 1) * b)
+            self._pending.append(({k: v[rows] for k, v in inputs.items()}, labels[rows]))
+
+    def __iter__(self) -> Iterator[tuple[dict[str, torch.Tensor], torch.Tensor]]:
+        while True:
+            if not self._pending:
+                try:
+                    self._fetch()
+                except StopIteration:  # max_steps reached
+                    return
+            micro = self.micro_batches - len(self._pending)
+            inputs, labels = self._pending.popleft()
+            if self._hash_file is not None:
+                self._log_hashes(micro, inputs, labels)
+            yield inputs, labels
+
+    def _log_hashes(self, micro: int, inputs: dict[str, torch.Tensor], labels: torch.Tensor) -> None:
+        first = (self.lanes.start * self.recipe.batch_per_lane) + micro * self.local_batch_size
+        record = {"step": self.step, "micro": micro, "dp_rank": self.dp_rank, "dp_degree": self.dp_world_size,
+                  "first_row": first, "rows": row_digests(inputs, labels)}
+        assert self._hash_file is not None
+        self._hash_file.write(json.dumps(record) + "\n")
+        self._hash_file.flush()
+
+    # -- checkpointing (torch.distributed.checkpoint.stateful.Stateful) -------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """One DCP entry per owned lane plus the shared header; all JSON strings."""
+        if self._pending:
+            done = self.micro_batches - len(self._pending)
+            raise RuntimeError(
+                f"ZephonDataLoader: checkpoint requested after {done} of the {self.micro_batches} micro-batches "
+                f"of global batch {self.step}: the trainer's optimizer step is smaller than the recipe's global "
+                f"batch ({self.recipe.lanes} lanes x {self.recipe.batch_per_lane} = "
+                f"{self.recipe.global_batch_size} rows). Set --training.global_batch_size "
+                f"{self.recipe.global_batch_size} so that every step consumes exactly one global batch.")
+        return split_state(self._loader.state_dict())
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        if not state_dict:  # Torchtitan passes an empty dict when there is nothing to load
+            return
+        state = merge_entries(state_dict)
+        self._pending.clear()
+        self._loader.load_state_dict(state)
+        logger.info(f"Zephon: resumed lanes {self.lanes.start}..{self.lanes.stop - 1} at global batch "
+                    f"{self.step} (dp degree {self.dp_world_size})")
+
+    # -- extras ---------------------------------------------------------------------------------------
+    def metrics(self) -> dict[str, Any]:
+        """Zephon's loader metrics (tokens/s, padding, flush cost, per-lane progress)."""
+        return self._loader.metrics()
+
+    def close(self) -> None:
+        self._loader.close()
+        if self._hash_file is not None:
+            self._hash_file.close()
