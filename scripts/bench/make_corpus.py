@@ -9,6 +9,9 @@ Documents come from files already on this machine, read as text and never import
   the documents longer than 2048 tokens);
 * text files under ``/usr/share/doc`` (READMEs, copyright files, gzipped changelogs), when present.
 
+Function sources are kept with probability ``--code-fraction`` (a hash of the text decides, so the choice
+is deterministic), which keeps prose (docstrings, docs) a large share of the characters.
+
 Exact duplicates are dropped, the documents are shuffled with a fixed seed (so that every row group is a
 representative mix), and written as ``DIR/parquet/part-XXXX.parquet`` (row groups of ``--row-group``
 rows; columns ``text``, ``kind``, ``origin``). A byte-level BPE ``DIR/tokenizer.json`` (Hugging Face
@@ -33,13 +36,14 @@ import sys
 import sysconfig
 import time
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, Sequence
 
 SKIP_PARTS = {"__pycache__", "test", "tests", "testing", "idlelib", "lib2to3", "turtledemo", "_vendor",
               "vendored", "benchmarks"}
 DOC_SUFFIXES = {".txt", ".md", ".rst", ".text", ""}
 DOC_NAMES = ("readme", "copyright", "changelog", "news", "changes", "authors", "todo", "faq", "notice")
-MAX_DOC_CHARS = 200_000  # longer texts (a few changelogs) are cut into parts of at most this
+MAX_DOC_CHARS = 128_000  # longer code / module documents are cut at this many characters
+MAX_SHARE_DOC_CHARS = 64_000  # /usr/share/doc: the first this many characters of a file (changelogs are long)
 MIN_DOCSTRING_CHARS = 40
 MIN_CODE_CHARS = 80
 LONG_MODULE_CHARS = 6_000  # a module whose docstrings total this much also yields one long document
@@ -50,8 +54,17 @@ def log(msg: str) -> None:
 
 
 # -- Python sources ------------------------------------------------------------------------------
-def python_files() -> list[tuple[str, Path]]:
-    """(label, path) of the .py files of the standard library and of site-packages, sorted."""
+# Installed packages mined by default: big, well-documented, and stable on a given machine (mining
+# "all" of site-packages makes the corpus change whenever anyone installs anything). Missing ones are
+# skipped; the manifest lists those used, with versions.
+DEFAULT_PACKAGES = ("torch", "numpy", "pyarrow", "pandas", "scipy", "sympy", "networkx", "botocore", "boto3",
+                    "awscli", "pip", "setuptools", "hypothesis", "_pytest", "IPython", "docutils", "pygments",
+                    "jinja2", "werkzeug", "flask", "cryptography", "fsspec", "tokenizers", "torchdata")
+
+
+def python_files(packages: Sequence[str] | None) -> list[tuple[str, Path]]:
+    """(label, path) of the .py files of the standard library and of site-packages ``packages``
+    (top-level names; None: all of site-packages), sorted."""
     stdlib = Path(sysconfig.get_paths()["stdlib"]).resolve()
     site = {Path(sysconfig.get_paths()[k]).resolve() for k in ("purelib", "platlib")}
     out: list[tuple[str, Path]] = []
@@ -60,6 +73,7 @@ def python_files() -> list[tuple[str, Path]]:
         if "site-packages" in rel or "dist-packages" in rel or SKIP_PARTS.intersection(rel):
             continue
         out.append(("stdlib", p))
+    wanted = None if packages is None else set(packages)
     for root in sorted(site):
         for p in sorted(root.rglob("*.py")):
             rel = p.relative_to(root).parts
@@ -67,7 +81,27 @@ def python_files() -> list[tuple[str, Path]]:
                 continue
             if p.name.startswith("__editable__"):
                 continue
+            top = rel[0][:-3] if len(rel) == 1 else rel[0]
+            if wanted is not None and top not in wanted:
+                continue
             out.append(("site", p))
+    return out
+
+
+def package_versions(packages: Sequence[str] | None) -> dict[str, str | None]:
+    from importlib.metadata import packages_distributions, version
+
+    dists = packages_distributions()
+    names = sorted(dists) if packages is None else list(packages)
+    out: dict[str, str | None] = {}
+    site = [Path(sysconfig.get_paths()[k]) for k in ("purelib", "platlib")]
+    for name in names:
+        if not any((d / name).is_dir() or (d / f"{name}.py").is_file() for d in site):
+            continue
+        try:
+            out[name] = version(dists[name][0])
+        except Exception:  # noqa: BLE001
+            out[name] = None
     return out
 
 
@@ -110,7 +144,7 @@ def python_documents(label: str, path: Path, root_name: str) -> Iterator[tuple[s
                 yield "code", origin, segment
     if sum(len(s) for s in sections) >= LONG_MODULE_CHARS:
         title = f"Module {root_name}\n{'=' * (7 + len(root_name))}\n\n"
-        yield "module_docs", origin, title + "\n\n".join(sections)
+        yield "module_docs", origin, (title + "\n\n".join(sections))[:MAX_DOC_CHARS]
 
 
 def module_name(label: str, path: Path) -> str:
@@ -152,9 +186,7 @@ def share_doc_documents(root: Path = Path("/usr/share/doc")) -> Iterator[tuple[s
         text = text.strip()
         if len(text) < 200 or "\x00" in text:
             continue
-        origin = f"doc:{p.relative_to(root)}"
-        for i in range(0, len(text), MAX_DOC_CHARS):
-            yield "share_doc", origin, text[i:i + MAX_DOC_CHARS]
+        yield "share_doc", f"doc:{p.relative_to(root)}", text[:MAX_SHARE_DOC_CHARS]
 
 
 # -- tokenizer -----------------------------------------------------------------------------------
@@ -216,8 +248,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--vocab-size", type=int, default=32768)
     ap.add_argument("--tokenizer-sample-mb", type=float, default=24.0,
                     help="MB of text (a deterministic stride over the shuffled corpus) to train the BPE on")
+    ap.add_argument("--code-fraction", type=float, default=0.75,
+                    help="share of function sources kept (deterministic by content hash)")
     ap.add_argument("--seed", type=int, default=20240601)
+    ap.add_argument("--packages", default=",".join(DEFAULT_PACKAGES),
+                    help="comma-separated top-level site-packages to mine, or 'all' (default: a fixed list of "
+                         "big, stable packages; see DEFAULT_PACKAGES)")
     ap.add_argument("--no-share-doc", action="store_true", help="skip /usr/share/doc")
+    ap.add_argument("--dry-run", action="store_true", help="mine and count the documents, write nothing")
     ap.add_argument("--force", action="store_true", help="overwrite an existing corpus in --out")
     args = ap.parse_args(argv)
     # Single-threaded, reproducible tokenizer training (and polite on a shared machine).
@@ -229,12 +267,9 @@ def main(argv: list[str] | None = None) -> int:
 
     out = Path(args.out)
     pq_dir = out / "parquet"
-    if pq_dir.exists() and any(pq_dir.iterdir()) and not args.force:
+    if pq_dir.exists() and any(pq_dir.iterdir()) and not (args.force or args.dry_run):
         log(f"{pq_dir} already holds a corpus; pass --force to rebuild it")
         return 2
-    pq_dir.mkdir(parents=True, exist_ok=True)
-    for old in pq_dir.glob("*.parquet"):
-        old.unlink()
 
     t0 = time.perf_counter()
     seen: set[bytes] = set()
@@ -247,10 +282,13 @@ def main(argv: list[str] | None = None) -> int:
         key = hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).digest()
         if key in seen:
             return
+        if kind == "code" and int.from_bytes(key[:8], "little") >= args.code_fraction * 2**64:
+            return
         seen.add(key)
         docs.append((kind, origin, text))
 
-    files = python_files()
+    packages = None if args.packages.strip() == "all" else [p.strip() for p in args.packages.split(",") if p.strip()]
+    files = python_files(packages)
     log(f"mining {len(files)} Python files with ast (never imported) ...")
     for i, (label, path) in enumerate(files):
         name = module_name(label, path)
@@ -269,8 +307,16 @@ def main(argv: list[str] | None = None) -> int:
     if args.max_docs:
         docs = docs[:args.max_docs]
     if len(docs) < args.min_docs:
-        log(f"only {len(docs)} documents found, fewer than --min-docs={args.min_docs}")
+        log(f"only {len(docs)} documents found, fewer than --min-docs={args.min_docs}"
+            + ("" if packages is None else "; try --packages all"))
         return 1
+    if args.dry_run:
+        kinds = {k: sum(1 for d in docs if d[0] == k) for k in sorted({d[0] for d in docs})}
+        log(f"dry run: {len(docs)} documents {kinds}, {sum(len(d[2]) for d in docs) / 1e6:.0f}M characters")
+        return 0
+    pq_dir.mkdir(parents=True, exist_ok=True)
+    for old in pq_dir.glob("*.parquet"):
+        old.unlink()
 
     n_files = max(1, args.files)
     per_file = -(-len(docs) // n_files)
@@ -310,6 +356,8 @@ def main(argv: list[str] | None = None) -> int:
     }
     manifest = {
         "generator": "scripts/bench/make_corpus.py", "seed": args.seed, "python": sys.version.split()[0],
+        "args": {k: v for k, v in vars(args).items() if k not in ("out", "force", "dry_run")},
+        "packages": package_versions(packages),
         "vocab_size": tok.get_vocab_size(), "row_group": args.row_group, "stats": stats,
         "files": {str(p.relative_to(out)): sha256_file(p)
                   for p in sorted(pq_dir.glob("*.parquet")) + [out / "tokenizer.json", out / "recipe.toml"]},

@@ -1,0 +1,423 @@
+"""Shared machinery of the benchmark scripts: isolated runs, memory sampling, timing, tables.
+
+Every measured configuration runs in its own subprocess (``python SCRIPT --_task JSON``) so that its
+environment (tokenizer thread pools), imports and memory are clean, and so that a crash, a hang or a
+missing optional library (Grain) is reported as that configuration's failure instead of stopping the
+run. The parent samples the child's memory with psutil (resident set size of the child plus all its
+descendants, i.e. worker processes; shared pages are counted once per process, so multi-process figures
+are an upper bound) and kills it after a timeout.
+
+Only Zephon's public API is used anywhere in scripts/bench/.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import traceback
+from pathlib import Path
+from typing import Any, Callable, Iterable, Sequence
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent.parent
+
+# Every configuration tokenizes on the cores its *workers* give it, never on a hidden Rayon pool:
+# HF tokenizers' batch encoders would otherwise use all cores from a single "worker".
+SINGLE_THREAD_ENV = {
+    "TOKENIZERS_PARALLELISM": "false",
+    "RAYON_NUM_THREADS": "1",
+    "OMP_NUM_THREADS": "1",
+    "MKL_NUM_THREADS": "1",
+    "OPENBLAS_NUM_THREADS": "1",
+    "PYTHONHASHSEED": "0",
+}
+
+
+def apply_single_thread_env() -> None:
+    """Call before importing tokenizers/torch in a process that was not started by :func:`run_task`."""
+    for k, v in SINGLE_THREAD_ENV.items():
+        os.environ.setdefault(k, v)
+
+
+# -- the parent side ---------------------------------------------------------------------------------
+def _tree_rss(proc) -> tuple[int, int]:
+    """(RSS of proc + all descendants, number of processes) in bytes; vanished processes are skipped."""
+    import psutil
+
+    total, n = 0, 0
+    try:
+        procs = [proc] + proc.children(recursive=True)
+    except psutil.Error:
+        return 0, 0
+    for p in procs:
+        try:
+            total += p.memory_info().rss
+            n += 1
+        except psutil.Error:
+            pass
+    return total, n
+
+
+def run_task(script: Path, task: dict[str, Any], timeout: float, interval: float = 0.1,
+             extra_env: dict[str, str] | None = None) -> dict[str, Any]:
+    """Run ``script --_task <json>`` in a subprocess; returns its result dict plus memory figures.
+
+    The result always has ``ok`` (bool); on failure ``error`` holds the last lines of the output.
+    ``peak_rss_mb`` is the peak over the whole child lifetime of the summed RSS of the child and its
+    descendants; ``peak_main_rss_mb`` the peak of the child alone; ``rss_timeline`` (seconds, MB) samples.
+    """
+    import psutil
+
+    env = {**os.environ, **SINGLE_THREAD_ENV, **(extra_env or {})}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(HERE), str(REPO), env.get("PYTHONPATH", "")]))
+    with tempfile.TemporaryDirectory(prefix="zephon-bench-") as tmp:
+        out_path = Path(tmp) / "result.json"
+        log_path = Path(tmp) / "output.log"
+        task = {**task, "_out": str(out_path)}
+        cmd = [sys.executable, str(script), "--_task", json.dumps(task)]
+        t0 = time.perf_counter()
+        peak, peak_main, timeline, max_procs = 0, 0, [], 0
+        with open(log_path, "wb") as log:
+            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=str(REPO),
+                                    start_new_session=True)
+            ps = psutil.Process(proc.pid)
+            timed_out = False
+            last_tl = -1.0
+            while proc.poll() is None:
+                rss, n = _tree_rss(ps)
+                try:
+                    main = ps.memory_info().rss
+                except psutil.Error:
+                    main = 0
+                peak, peak_main, max_procs = max(peak, rss), max(peak_main, main), max(max_procs, n)
+                now = time.perf_counter() - t0
+                if now - last_tl >= 1.0:
+                    timeline.append((round(now, 1), round(rss / 2**20, 1)))
+                    last_tl = now
+                if now > timeout:
+                    timed_out = True
+                    _kill_tree(ps)
+                    break
+                time.sleep(interval)
+            proc.wait()
+            _kill_group(proc.pid)  # worker processes the child left behind (same session / group)
+        wall = time.perf_counter() - t0
+        output = log_path.read_text(errors="replace")
+        result: dict[str, Any]
+        if out_path.exists() and not timed_out:
+            result = json.loads(out_path.read_text())
+        else:
+            result = {"ok": False}
+        if timed_out:
+            result["error"] = f"timed out after {timeout:.0f}s"
+        elif not result.get("ok"):
+            tail = [line for line in output.strip().splitlines() if line.strip()][-6:]
+            result.setdefault("error", f"exit code {proc.returncode}: " + " | ".join(tail)[-600:])
+        result.update(peak_rss_mb=peak / 2**20, peak_main_rss_mb=peak_main / 2**20, max_processes=max_procs,
+                      wall_s=wall, rss_timeline=timeline)
+        if os.environ.get("ZEPHON_BENCH_ECHO"):
+            sys.stderr.write(output)
+        return result
+
+
+def _kill_group(pgid: int) -> None:
+    import signal
+
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _kill_tree(ps) -> None:
+    import psutil
+
+    try:
+        procs = ps.children(recursive=True) + [ps]
+    except psutil.Error:
+        procs = [ps]
+    for p in procs:
+        try:
+            p.kill()
+        except psutil.Error:
+            pass
+
+
+# -- the child side ----------------------------------------------------------------------------------
+def task_main(handlers: dict[str, Callable[[dict], dict]]) -> int | None:
+    """If argv holds ``--_task``, run the handler named by ``task["kind"]`` and write its result."""
+    if "--_task" not in sys.argv:
+        return None
+    task = json.loads(sys.argv[sys.argv.index("--_task") + 1])
+    out = Path(task["_out"])
+    try:
+        result = handlers[task["kind"]](task)
+        result["ok"] = True
+        code = 0
+    except BaseException as exc:  # noqa: BLE001 - reported to the parent, never raised there
+        result = {"ok": False, "error": f"{type(exc).__name__}: {exc}"[:800], "traceback": traceback.format_exc()}
+        sys.stderr.write(result["traceback"])
+        code = 1
+    out.write_text(json.dumps(result))
+    _kill_descendants()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # Worker pools of some libraries can keep a process alive after main returns: leave now.
+    os._exit(code)
+
+
+def _kill_descendants() -> None:
+    """Kill this process's remaining worker processes (some libraries only stop them at exit or GC)."""
+    try:
+        import psutil
+
+        for p in psutil.Process().children(recursive=True):
+            try:
+                p.kill()
+            except psutil.Error:
+                pass
+    except Exception:  # noqa: BLE001
+        pass
+
+
+class Timer:
+    """Wall time of a region minus the time spent in ``excluded()`` blocks (e.g. hashing)."""
+
+    def __init__(self) -> None:
+        self.excluded = 0.0
+        self.t0 = time.perf_counter()
+
+    def exclude(self) -> "_Excluded":
+        return _Excluded(self)
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.t0 - self.excluded
+
+
+class _Excluded:
+    def __init__(self, timer: Timer) -> None:
+        self.timer = timer
+
+    def __enter__(self) -> None:
+        self.t = time.perf_counter()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.timer.excluded += time.perf_counter() - self.t
+
+
+def measure_stream(make: Callable[[], tuple[Iterable, Callable[[], None]]], steps: int, warmup: int,
+                   repeats: int, tokens_per_batch: int, fresh: bool = False,
+                   check: Callable[[Any], None] | None = None,
+                   on_batch: Callable[[int, int, Any], None] | None = None,
+                   after_window: Callable[[int], dict] | None = None) -> dict[str, Any]:
+    """Steady-state throughput of a batch stream.
+
+    One pipeline is built (``make()`` returns (iterable of batches, close)); its first batch is timed
+    (time to first batch, construction included), ``warmup`` batches in all are taken untimed, then
+    ``repeats`` consecutive windows of ``steps`` batches are timed; the result is the median window.
+    With ``fresh=True`` every repeat builds a new pipeline and warms it up again (independent runs).
+
+    ``on_batch(run, index, batch)`` runs for every batch (warm-up included); its time is excluded from
+    every figure. ``trace`` holds, per pipeline, the time at which each batch arrived (hashing excluded),
+    so that whoever doubts that the warm-up reached a steady state can plot it.
+    """
+    windows: list[dict[str, Any]] = []
+    pipelines: list[dict[str, Any]] = []
+    for run in range(repeats if fresh else 1):
+        n_windows = 1 if fresh else repeats
+        timer = Timer()
+        iterable, close = make()
+        trace: list[float] = []
+        try:
+            it = iter(iterable)
+            index = 0
+
+            def take() -> Any:
+                nonlocal index
+                b = next(it)
+                trace.append(round(timer.elapsed(), 4))
+                with timer.exclude():
+                    if index == 0 and check:
+                        check(b)
+                    if on_batch:
+                        on_batch(run, index, b)
+                index += 1
+                return b
+
+            take()
+            first = trace[0]
+            for _ in range(1, max(1, warmup)):
+                take()
+            for w in range(n_windows):
+                t0 = timer.elapsed()
+                for _ in range(steps):
+                    take()
+                sec = timer.elapsed() - t0
+                extra = after_window(run) if after_window else {}
+                windows.append({"run": run, "window": w, "seconds": sec, "tokens": steps * tokens_per_batch,
+                                "tokens_per_s": steps * tokens_per_batch / sec, **extra})
+            total = timer.elapsed()
+        finally:
+            close()
+        pipelines.append({"first_batch_s": first, "batches": index, "seconds_total": total,
+                          "tokens_per_s_incl_startup": index * tokens_per_batch / total,
+                          "excluded_s": timer.excluded, "trace": trace})
+    return {"runs": windows, "pipelines": pipelines,
+            "tokens_per_s": statistics.median(w["tokens_per_s"] for w in windows),
+            "tokens_per_s_all_windows": sum(w["tokens"] for w in windows) / sum(w["seconds"] for w in windows),
+            "first_batch_s": statistics.median(p["first_batch_s"] for p in pipelines),
+            "tokens_per_s_incl_startup": statistics.median(p["tokens_per_s_incl_startup"] for p in pipelines)}
+
+
+# -- printing ----------------------------------------------------------------------------------------
+def fmt_table(headers: Sequence[str], rows: Sequence[Sequence[Any]], align: str | None = None) -> str:
+    cells = [[str(h) for h in headers]] + [["" if c is None else str(c) for c in row] for row in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+    align = align or "l" * len(headers)
+    out = []
+    for n, row in enumerate(cells):
+        out.append("  ".join(c.ljust(w) if a == "l" else c.rjust(w) for c, w, a in zip(row, widths, align)))
+        if n == 0:
+            out.append("  ".join("-" * w for w in widths))
+    return "\n".join(out)
+
+
+def machine_info() -> dict[str, Any]:
+    import platform
+
+    info: dict[str, Any] = {"python": platform.python_version(), "platform": platform.platform(),
+                            "cpus": os.cpu_count()}
+    try:
+        import psutil
+        info["memory_gb"] = round(psutil.virtual_memory().total / 2**30, 1)
+        info["load_avg"] = [round(x, 2) for x in os.getloadavg()]
+    except Exception:  # noqa: BLE001
+        pass
+    for mod in ("zephon", "torch", "torchdata", "tokenizers", "pyarrow", "numpy", "grain"):
+        try:
+            from importlib.metadata import version
+            info[mod] = version(mod)
+        except Exception:  # noqa: BLE001
+            info[mod] = None
+    return info
+
+
+def require_data(data: Path) -> None:
+    missing = [p for p in ("recipe.toml", "tokenizer.json", "parquet") if not (data / p).exists()]
+    if missing:
+        raise SystemExit(f"{data} has no benchmark corpus (missing {', '.join(missing)}); build it with\n"
+                         f"  python scripts/bench/make_corpus.py --out {data}")
+
+
+def corpus_key(data: Path) -> str:
+    """Identifies the corpus's bytes (from manifest.json, else file sizes and times): derived caches
+    (bench_data/fetch, bench_data/resume_rg*) are rebuilt when it changes."""
+    import hashlib
+
+    m = data / "manifest.json"
+    if m.exists():
+        files = json.loads(m.read_text()).get("files", {})
+        return hashlib.sha256(json.dumps(files, sort_keys=True).encode()).hexdigest()
+    parts = [f"{p.name}:{p.stat().st_size}:{p.stat().st_mtime_ns}"
+             for p in sorted((data / "parquet").glob("*.parquet"))]
+    return hashlib.sha256("|".join(parts).encode()).hexdigest()
+
+
+def derived_is_current(derived: Path, data: Path) -> bool:
+    key = derived / "corpus.key"
+    return key.exists() and key.read_text().strip() == corpus_key(data)
+
+
+def mark_derived(derived: Path, data: Path) -> None:
+    (derived / "corpus.key").write_text(corpus_key(data) + "\n")
+
+
+def parquet_row_groups(data: Path) -> list[tuple[str, int]]:
+    """(file, row group) pairs of the corpus, in file then row-group order."""
+    import pyarrow.parquet as pq
+
+    out = []
+    for f in sorted((data / "parquet").glob("*.parquet")):
+        n = pq.ParquetFile(f).metadata.num_row_groups
+        out.extend((str(f), i) for i in range(n))
+    return out
+
+
+class RowGroupReader:
+    """Reads the ``text`` column of one row group; keeps each file open (per process)."""
+
+    def __init__(self, column: str = "text") -> None:
+        self.column = column
+        self._files: dict[str, Any] = {}
+        self._lock = threading.Lock()
+
+    def __call__(self, item: tuple[str, int]) -> list[str]:
+        import pyarrow.parquet as pq
+
+        path, rg = item
+        with self._lock:
+            pf = self._files.get(path)
+            if pf is None:
+                pf = self._files[path] = pq.ParquetFile(path)
+        return pf.read_row_group(rg, columns=[self.column]).column(0).to_pylist()
+
+    def __getstate__(self) -> dict:
+        return {"column": self.column}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__(state["column"])
+
+
+class EncodeWithEos:
+    """Batched HF tokenization with EOS appended to every document: (flat int32 tokens, int64 offsets).
+
+    Picklable (the tokenizer is loaded lazily in each process). The same conversion as a loader would
+    do: ``encode_batch_fast`` (no offsets), one ``np.fromiter`` over all ids, EOS written in place.
+    """
+
+    def __init__(self, tokenizer_path: str, eos_token: str = "<|endoftext|>") -> None:
+        self.tokenizer_path, self.eos_token = tokenizer_path, eos_token
+        self._tok = None
+        self.eos_id = None
+
+    def _load(self) -> None:
+        from tokenizers import Tokenizer
+
+        self._tok = Tokenizer.from_file(self.tokenizer_path)
+        self.eos_id = self._tok.token_to_id(self.eos_token)
+        if self.eos_id is None:
+            raise ValueError(f"{self.tokenizer_path} has no token {self.eos_token!r}")
+
+    def __call__(self, texts: Sequence[str]):
+        import itertools
+
+        import numpy as np
+
+        if self._tok is None:
+            self._load()
+        ids = [e.ids for e in self._tok.encode_batch_fast(list(texts), add_special_tokens=False)]
+        lengths = np.fromiter((len(x) + 1 for x in ids), dtype=np.int64, count=len(ids))
+        offsets = np.zeros(len(ids) + 1, dtype=np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        out = np.empty(int(offsets[-1]), dtype=np.int32)
+        body = np.ones(len(out), dtype=bool)
+        body[offsets[1:] - 1] = False
+        out[offsets[1:] - 1] = self.eos_id
+        out[body] = np.fromiter(itertools.chain.from_iterable(ids), dtype=np.int32, count=len(out) - len(ids))
+        return out, offsets
+
+    def __getstate__(self) -> dict:
+        return {"tokenizer_path": self.tokenizer_path, "eos_token": self.eos_token}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__(state["tokenizer_path"], state["eos_token"])
+
+
+def median(xs: Iterable[float]) -> float:
+    return statistics.median(list(xs))
