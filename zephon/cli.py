@@ -229,7 +229,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 # -- inspect ----------------------------------------------------------------------------------------
 def _coordinate(fmt: str, path: str) -> str:
-    if fmt == "parquet":
+    if fmt in ("parquet", "vortex", "mds", "litdata"):  # rows (MDS / LitData: samples of a shard)
         return "rows"
     from .readers.jsonl import compression_of
 
@@ -264,10 +264,12 @@ def inspect_plan(recipe_path: str, lanes_shown: int = 4, units_shown: int = 3) -
         per_source = {}
         for sp in plan.sources:
             units = []
+            # MDS / LitData shards share basenames across parts (shard.00000.mds): show them from the root
+            names = sp.relative_files() if sp.spec.format in ("mds", "litdata") else None
             for i in range(units_shown):
                 u = sp.lane_unit(lane, i)
                 path = sp.files[u.file]
-                units.append({"file": os.path.basename(path), "start": u.start,
+                units.append({"file": names[u.file] if names else os.path.basename(path), "start": u.start,
                               "end": None if u.end < 0 else u.end, "unit": _coordinate(sp.spec.format, path)})
             per_source[sp.spec.name] = units
         info["lanes_shown"].append({"lane": lane, "units": per_source})

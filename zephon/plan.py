@@ -24,13 +24,17 @@ from typing import Iterator, Sequence
 import fsspec
 
 from ._perm import mix64, permute_index, stable_key
-from .readers import Reader, SourceError, Unit, make_reader
-from .recipe import Recipe, SourceSpec
+from .readers import INDEXED_READERS, Reader, SourceError, Unit, make_reader
+from .recipe import Recipe, SourceSpec, StorageSpec
+from .storage import url_to_fs
 
 _ROUTE, _ORDER = 1, 2
 _EXTENSIONS = {
     "parquet": (".parquet", ".pq"),
     "jsonl": (".jsonl", ".jsonl.gz", ".jsonl.zst", ".jsonl.zstd", ".ndjson"),
+    "vortex": (".vortex", ".vtx"),
+    "mds": ("index.json",),  # MDS and LitData: the shards named by the index.json files found
+    "litdata": ("index.json",),
 }
 
 
@@ -47,15 +51,21 @@ class ChunkTask:
     empty: bool = False  # a unit with nothing in it (e.g. an empty file)
 
 
-def list_files(source: SourceSpec, origin: str = "the recipe") -> tuple[fsspec.AbstractFileSystem, list[str]]:
-    """Expand a source's paths (files, directories, globs) into a sorted, de-duplicated file list."""
+def list_files(source: SourceSpec, origin: str = "the recipe",
+               storage: StorageSpec | None = None) -> tuple[fsspec.AbstractFileSystem, list[str]]:
+    """Expand a source's paths (files, directories, globs) into a sorted, de-duplicated file list.
+
+    Object-store URLs (s3://, gs://, az://...) go through :func:`zephon.storage.url_to_fs`: a retrying
+    filesystem built from the source's storage_options, whose listings are full URLs."""
     exts = _EXTENSIONS[source.format]
     fs = None
     found: set[str] = set()
     for pattern in source.path:
-        fs_i, root = fsspec.core.url_to_fs(pattern)
+        fs_i, root = url_to_fs(pattern, source, storage)  # local: fsspec as is; object stores: zephon.storage
         fs = fs or fs_i
-        if any(c in root for c in "*?["):
+        if source.format in INDEXED_READERS:  # shards listed from index.json (zephon/readers/indexed.py)
+            matches = INDEXED_READERS[source.format].list_shards(fs_i, root, source.name, pattern, origin)
+        elif any(c in root for c in "*?["):
             matches = [p for p in fs_i.glob(root) if fs_i.isfile(p)]
         elif fs_i.isdir(root):
             matches = [p for p in fs_i.find(root) if p.endswith(exts)]
@@ -79,7 +89,7 @@ class SourcePlan:
         self.index = index
         self.spec = spec
         self.key = stable_key(spec.name)
-        self.fs, self.files = list_files(spec, recipe.origin)
+        self.fs, self.files = list_files(spec, recipe.origin, recipe.storage)
         self.reader: Reader = make_reader(recipe, spec, self.fs)
         self.units: list[Unit] = self.reader.split_units(self.files, recipe.lanes)
         if not self.units:
@@ -88,8 +98,11 @@ class SourcePlan:
         self.lanes = recipe.lanes
 
     def relative_files(self) -> list[str]:
-        root = os.path.commonpath(self.files) if len(self.files) > 1 else os.path.dirname(self.files[0])
-        return [os.path.relpath(f, root) for f in self.files]
+        # Object-store files are URLs: drop the scheme, so that the same files under another root (local
+        # disk, another bucket or store) have the same relative names, hence the same fingerprint.
+        files = [f.split("://", 1)[-1] for f in self.files]
+        root = os.path.commonpath(files) if len(files) > 1 else os.path.dirname(files[0])
+        return [os.path.relpath(f, root) for f in files]
 
     def stream_position(self, lane: int, i: int) -> int:
         """Position in the endless unit stream of the ``i``-th unit of ``lane``."""

@@ -19,7 +19,8 @@ from typing import Any, Mapping
 
 PACK_ALGORITHMS = ("best_fit", "first_fit", "wrap")
 TOKENIZER_KINDS = ("sentencepiece", "tiktoken", "huggingface")
-SOURCE_FORMATS = ("parquet", "jsonl")
+SOURCE_FORMATS = ("parquet", "jsonl", "mds", "litdata", "vortex")
+TOKENS_FORMATS = ("parquet", "mds", "litdata", "vortex")  # formats that can hold pre-tokenized rows (tokens_field)
 MIX_BY = ("tokens", "documents")
 
 
@@ -58,6 +59,24 @@ class SourceSpec:
     format: str
     text_field: str = "text"
     weight: float = 1.0
+    # Pre-tokenized sources: the list/array column of token ids; the tokenizer is then skipped (its
+    # BOS/EOS, pad id and vocabulary still apply). Exclusive with text_field. See zephon/pretokenized.py.
+    tokens_field: str | None = None
+    # Object stores: keyword arguments for the fsspec filesystem (s3fs / gcsfs / adlfs): endpoint_url,
+    # key, secret, anon, account_name, connection_string... Not in the fingerprint (where the bytes come
+    # from only changes speed), not in repr (credentials), not hashed (a dict). See zephon/storage.py.
+    storage_options: dict[str, Any] | None = field(default=None, repr=False, hash=False)
+
+
+@dataclass(frozen=True)
+class StorageSpec:
+    """``[storage]``: retries and the node-local cache of object-store reads (speed only, not fingerprinted)."""
+
+    cache_dir: str | None = None  # node-local cache of remote byte blocks; None: no cache
+    cache_max_bytes: int = 10 << 30  # LRU eviction beyond this
+    cache_block_bytes: int = 4 << 20  # cached block size (requests are aligned to it when caching)
+    retries: int = 5  # retries of a transient error (after the first attempt)
+    retry_backoff_s: float = 0.5  # first backoff; doubles per retry, with jitter
 
 
 @dataclass(frozen=True)
@@ -75,10 +94,11 @@ class Recipe:
     mix_by: str = "tokens"
     shuffle_buffer: int = 0  # documents held by the per-lane shuffle buffer; 0 disables it
     max_doc_tokens: int | None = None  # documents are split into pieces of at most this; default seq_len
-    chunk_rows: int = 256  # rows per stateless read+tokenize task (Parquet, compressed JSONL)
-    chunk_bytes: int = 1 << 20  # bytes per task for plain JSONL
+    chunk_rows: int = 64  # rows per stateless read+tokenize task (Parquet): small keeps start-up and memory low
+    chunk_bytes: int = 256 << 10  # bytes per task for plain JSONL
     unit_bytes: int = 64 << 20  # plain JSONL files are cut into units of at most this many bytes
     cache_bytes: int = 1 << 30  # decoded Parquet row groups kept per process (speed only)
+    storage: StorageSpec = field(default_factory=StorageSpec)  # object-store retries and cache (not fingerprinted)
     origin: str = "<dict>"  # the file it came from, for messages
 
     @property
@@ -96,7 +116,7 @@ class Recipe:
 
 _TOP_KEYS = {
     "seed", "lanes", "seq_len", "batch_per_lane", "flush_every", "tokenizer", "pack", "sources",
-    "mix", "shuffle", "split", "read",
+    "mix", "shuffle", "split", "read", "storage",
 }
 _TOKENIZER_KEYS = {f.name for f in dataclasses.fields(TokenizerSpec)}
 _PACK_KEYS = {f.name for f in dataclasses.fields(PackSpec)}
@@ -105,6 +125,7 @@ _MIX_KEYS = {"by"}
 _SHUFFLE_KEYS = {"buffer"}
 _SPLIT_KEYS = {"max_doc_tokens"}
 _READ_KEYS = {"chunk_rows", "chunk_bytes", "unit_bytes", "cache_bytes"}
+_STORAGE_KEYS = {f.name for f in dataclasses.fields(StorageSpec)}
 
 
 def _check_keys(table: Mapping[str, Any], allowed: set[str], where: str, origin: str) -> None:
@@ -151,15 +172,22 @@ def recipe_from_dict(data: Mapping[str, Any], base_dir: str | os.PathLike | None
         _check_keys(src, _SOURCE_KEYS, where, origin)
         paths = _require(src, "path", where, origin)
         paths = [paths] if isinstance(paths, str) else list(paths)
+        options = src.get("storage_options")  # object stores: see zephon/storage.py
+        if options is not None and not isinstance(options, Mapping):
+            raise RecipeError(f"{origin}: {where}: 'storage_options' must be a table of fsspec options "
+                              f"(e.g. storage_options = {{ endpoint_url = \"http://...\", anon = true }}).")
         sources.append(SourceSpec(
             name=str(_require(src, "name", where, origin)),
             path=tuple(_resolve(p, base) for p in paths),
             format=str(_require(src, "format", where, origin)),
             text_field=str(src.get("text_field", "text")),
             weight=float(src.get("weight", 1.0)),
+            tokens_field=_tokens_field(src, where, origin),
+            storage_options=dict(options) if options is not None else None,
         ))
 
-    sections = {"mix": _MIX_KEYS, "shuffle": _SHUFFLE_KEYS, "split": _SPLIT_KEYS, "read": _READ_KEYS}
+    sections = {"mix": _MIX_KEYS, "shuffle": _SHUFFLE_KEYS, "split": _SPLIT_KEYS, "read": _READ_KEYS,
+                "storage": _STORAGE_KEYS}
     for name, keys in sections.items():
         _check_keys(data.get(name, {}), keys, f"[{name}]", origin)
     recipe = Recipe(
@@ -174,13 +202,27 @@ def recipe_from_dict(data: Mapping[str, Any], base_dir: str | os.PathLike | None
         mix_by=str(data.get("mix", {}).get("by", "tokens")),
         shuffle_buffer=int(data.get("shuffle", {}).get("buffer", 0)),
         max_doc_tokens=data.get("split", {}).get("max_doc_tokens"),
-        chunk_rows=int(data.get("read", {}).get("chunk_rows", 256)),
-        chunk_bytes=int(data.get("read", {}).get("chunk_bytes", 1 << 20)),
+        chunk_rows=int(data.get("read", {}).get("chunk_rows", 64)),
+        chunk_bytes=int(data.get("read", {}).get("chunk_bytes", 256 << 10)),
         unit_bytes=int(data.get("read", {}).get("unit_bytes", 64 << 20)),
         cache_bytes=int(data.get("read", {}).get("cache_bytes", 1 << 30)),
+        storage=_storage(data.get("storage", {}), base),
         origin=origin,
     )
     return _validate(recipe)
+
+
+def _storage(table: Mapping[str, Any], base: Path | None) -> StorageSpec:
+    """``[storage]``; cache_dir may use ~ and $VARS (e.g. a job's node-local scratch) and resolves like paths."""
+    cache_dir = table.get("cache_dir")
+    if cache_dir is not None:
+        cache_dir = _resolve(os.path.expanduser(os.path.expandvars(str(cache_dir))), base)
+    defaults = StorageSpec()
+    return StorageSpec(cache_dir=cache_dir,
+                       cache_max_bytes=table.get("cache_max_bytes", defaults.cache_max_bytes),
+                       cache_block_bytes=table.get("cache_block_bytes", defaults.cache_block_bytes),
+                       retries=table.get("retries", defaults.retries),
+                       retry_backoff_s=table.get("retry_backoff_s", defaults.retry_backoff_s))
 
 
 def load_recipe(path: str | os.PathLike) -> Recipe:
@@ -221,6 +263,14 @@ def _validate(r: Recipe) -> Recipe:
     _positive(r.pack.max_open_bins, "pack.max_open_bins", o)
     if r.mix_by not in MIX_BY:
         raise RecipeError(f"{o}: mix.by '{r.mix_by}' is not one of {', '.join(MIX_BY)}.")
+    st = r.storage  # [storage]: object stores (zephon/storage.py)
+    _positive(st.cache_max_bytes, "storage.cache_max_bytes", o)
+    _positive(st.cache_block_bytes, "storage.cache_block_bytes", o)
+    if not isinstance(st.retries, int) or isinstance(st.retries, bool) or st.retries < 0:
+        raise RecipeError(f"{o}: 'storage.retries' must be an integer >= 0, got {st.retries!r}.")
+    if not isinstance(st.retry_backoff_s, (int, float)) or isinstance(st.retry_backoff_s, bool) \
+            or st.retry_backoff_s < 0:
+        raise RecipeError(f"{o}: 'storage.retry_backoff_s' must be a number >= 0, got {st.retry_backoff_s!r}.")
     names = [s.name for s in r.sources]
     if len(set(names)) != len(names):
         raise RecipeError(f"{o}: source names must be unique, got {names}.")
@@ -230,4 +280,21 @@ def _validate(r: Recipe) -> Recipe:
                               f"{', '.join(SOURCE_FORMATS)}.")
         if not s.weight > 0:
             raise RecipeError(f"{o}: source '{s.name}': weight must be > 0, got {s.weight}.")
+        if s.tokens_field is not None and s.format not in TOKENS_FORMATS:
+            raise RecipeError(f"{o}: source '{s.name}': tokens_field is not supported for format '{s.format}' "
+                              f"(pre-tokenized sources: {', '.join(TOKENS_FORMATS)}). Use text_field, or store "
+                              f"the token ids in one of those formats.")
     return r
+
+
+def _tokens_field(src: Mapping[str, Any], where: str, origin: str) -> str | None:
+    """``tokens_field`` of a ``[[sources]]`` table: a non-empty name, never together with ``text_field``."""
+    if "tokens_field" not in src:
+        return None
+    value = src["tokens_field"]
+    if "text_field" in src:
+        raise RecipeError(f"{origin}: {where}: set either text_field (text, tokenized online) or tokens_field "
+                          f"(token ids, pre-tokenized), not both.")
+    if not isinstance(value, str) or not value:
+        raise RecipeError(f"{origin}: {where}: tokens_field must be the name of a token-id column, got {value!r}.")
+    return value

@@ -14,6 +14,7 @@ from typing import Callable, Optional
 import numpy as np
 
 from .plan import ChunkTask, WorkPlan
+from .pretokenized import frame_token_rows
 from .recipe import Recipe
 from .tokenizer import Tokenizer, load_tokenizer
 
@@ -59,6 +60,10 @@ class ChunkWorker:
                                   empty, task.end, 0, 0)
         reader = self.readers[task.source]
         raw = reader.read(task.path, task.start, task.end)
+        if raw.tokens is not None:  # a pre-tokenized source: frame its ids, no tokenizer call
+            tokens, offsets, cursors, n, skipped = frame_token_rows(self.tokenizer, raw, reader.source, task.path)
+            return TokenizedChunk(task.source, task.unit_seq, task.unit_end, task.start, tokens, offsets, cursors,
+                                  raw.end_cursor, n, skipped)
         texts = raw.texts
         if self.text_map is not None:
             texts = [None if t is None else self.text_map(t) for t in texts]

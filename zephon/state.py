@@ -41,7 +41,9 @@ def recipe_summary(recipe: Recipe, plan: WorkPlan) -> dict[str, Any]:
         files = "\n".join(sp.relative_files())
         sources.append({"name": sp.spec.name, "format": sp.spec.format, "text_field": sp.spec.text_field,
                         "weight": sp.spec.weight, "files": len(sp.files), "units": len(sp.units),
-                        "files_sha256": hashlib.sha256(files.encode()).hexdigest()[:16]})
+                        "files_sha256": hashlib.sha256(files.encode()).hexdigest()[:16],
+                        # only when set, so that text sources keep their existing fingerprints
+                        **({"tokens_field": sp.spec.tokens_field} if sp.spec.tokens_field else {})})
     return {
         "seed": recipe.seed, "lanes": recipe.lanes, "seq_len": recipe.seq_len,
         "batch_per_lane": recipe.batch_per_lane, "flush_every": recipe.flush_every,

@@ -84,10 +84,15 @@ class Tokenizer:
         ids = self._encode(texts)
         lengths = np.fromiter((len(x) for x in ids), dtype=np.int64, count=len(ids))
         flat = np.fromiter(itertools.chain.from_iterable(ids), dtype=np.int32, count=int(lengths.sum()))
+        return self.frame(flat, lengths)
+
+    def frame(self, flat: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Documents given as ``flat`` ids (int32 [T]) and their ``lengths`` (int64 [n]), framed with the
+        recipe's BOS/EOS: ``(tokens int32, offsets int64 [n+1])``. Pre-tokenized sources come in here."""
         extra = int(self.spec.add_bos) + int(self.spec.add_eos)
         if extra:
             out_len = lengths + extra
-            offsets = np.zeros(len(ids) + 1, dtype=np.int64)
+            offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
             np.cumsum(out_len, out=offsets[1:])
             out = np.empty(int(offsets[-1]), dtype=np.int32)
             body = np.ones(len(out), dtype=bool)
@@ -99,7 +104,7 @@ class Tokenizer:
                 body[offsets[1:] - 1] = False
             out[body] = flat
             return out, offsets
-        offsets = np.zeros(len(ids) + 1, dtype=np.int64)
+        offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
         np.cumsum(lengths, out=offsets[1:])
         return flat, offsets
 

@@ -35,12 +35,32 @@ class Unit:
 
 
 @dataclass
+class TokenRows:
+    """Pre-tokenized records of a chunk: all rows' token ids as one flat array plus row offsets.
+
+    Row ``k`` holds ``values[offsets[k]:offsets[k+1]]`` (ids as stored, without BOS/EOS). A null row has
+    no values and ``valid[k] = False``; null and empty rows are skipped like null or blank texts.
+    """
+
+    values: np.ndarray  # integer [T]
+    offsets: np.ndarray  # int64 [n+1], offsets[0] == 0
+    valid: np.ndarray | None = None  # bool [n]; None: no null rows
+
+    def __len__(self) -> int:
+        return len(self.offsets) - 1
+
+
+@dataclass
 class RawChunk:
-    """Records of one chunk: texts (None for a null or blank record) and the cursor after each."""
+    """Records of one chunk: texts (None for a null or blank record) and the cursor after each.
+
+    A pre-tokenized source (``tokens_field``) returns its rows in ``tokens`` and leaves ``texts`` empty;
+    the worker then skips the tokenizer (see :mod:`zephon.pretokenized`)."""
 
     texts: list[str | None]
     next_cursors: np.ndarray  # int64 [n]
     end_cursor: int  # cursor just past the chunk (resolves end=-1)
+    tokens: TokenRows | None = None  # pre-tokenized sources only
 
 
 class Reader(Protocol):

@@ -72,6 +72,8 @@ class JsonlReader:
                 return (_zstd_decompress(data) if kind == "zstd" else data).split(b"\n")
             except FileNotFoundError as exc:
                 raise SourceError(f"source '{self.source}': file {path} is missing.") from exc
+            except SourceError:  # an object-store error (zephon.storage) already names the URL and the cause
+                raise
             except Exception as exc:  # zlib.error, zstd.ZstdError, EOFError: corrupt or truncated
                 raise SourceError(f"source '{self.source}': cannot decompress {path} ({type(exc).__name__}: "
                                   f"{exc}). The file is corrupt or truncated: re-write or remove it.") from exc

@@ -17,18 +17,21 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from .base import LRU, RawChunk, SourceError, Unit, aligned_cuts, split_evenly
+from .tokens import arrow_token_rows, is_token_list_type
 
 _TEXT_TYPES = (pa.types.is_string, pa.types.is_large_string, pa.types.is_string_view)
 
 
 class ParquetReader:
-    """Reads ``text_field`` of Parquet files; coordinates are row numbers within a file."""
+    """Reads ``text_field`` (or, pre-tokenized, the list column ``tokens_field``) of Parquet files;
+    coordinates are row numbers within a file."""
 
     def __init__(self, fs: fsspec.AbstractFileSystem, source: str, text_field: str, chunk_rows: int,
-                 cache_bytes: int = 1 << 30) -> None:
+                 cache_bytes: int = 1 << 30, tokens_field: str | None = None) -> None:
         self.fs = fs
         self.source = source
-        self.text_field = text_field
+        self.text_field = tokens_field or text_field  # the one column read
+        self.tokens_field = tokens_field
         self.chunk_rows = chunk_rows
         self._files = LRU(64)
         # Decoded text columns of row groups, shared by this process's lanes and threads.
@@ -84,15 +87,22 @@ class ParquetReader:
             pf = self._open(path)
             names = pf.schema_arrow.names
             if self.text_field not in names:
+                key, what = ("tokens_field", "token ids") if self.tokens_field else ("text_field", "text")
                 raise SourceError(f"source '{self.source}': {path} has no column '{self.text_field}' "
-                                  f"(columns: {', '.join(names)}). Set text_field of this source to the "
-                                  f"column that holds the text.")
+                                  f"(columns: {', '.join(names)}). Set {key} of this source to the "
+                                  f"column that holds the {what}.")
             try:
                 table = pf.read_row_group(rg, columns=[self.text_field])
             except (pa.ArrowInvalid, OSError) as exc:
                 raise SourceError(f"source '{self.source}': cannot read row group {rg} of {path} ({exc}). "
                                   f"The file is corrupt or truncated: re-write or remove it.") from exc
             col = table.column(0).combine_chunks()
+            if self.tokens_field:
+                if not is_token_list_type(col.type):
+                    raise SourceError(f"source '{self.source}': column '{self.text_field}' of {path} has type "
+                                      f"{col.type}, not a list of integer token ids. Point tokens_field at a "
+                                      f"token-id column, or use text_field for a text column.")
+                return col
             if not any(check(col.type) for check in _TEXT_TYPES):
                 raise SourceError(f"source '{self.source}': column '{self.text_field}' of {path} has type "
                                   f"{col.type}, not a string. Point text_field at a text column.")
@@ -107,7 +117,10 @@ class ParquetReader:
         if end > starts[rg + 1]:
             raise AssertionError(f"chunk [{start}, {end}) crosses a row group of {path}")
         col = self._column(path, rg).slice(start - int(starts[rg]), end - start)
-        return RawChunk(col.to_pylist(), np.arange(start + 1, end + 1, dtype=np.int64), end)
+        cursors = np.arange(start + 1, end + 1, dtype=np.int64)
+        if self.tokens_field:
+            return RawChunk([], cursors, end, tokens=arrow_token_rows(col, self.source, path, self.text_field, start))
+        return RawChunk(col.to_pylist(), cursors, end)
 
 
 def _is_local(fs: fsspec.AbstractFileSystem) -> bool:

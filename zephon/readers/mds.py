@@ -1,0 +1,130 @@
+"""MosaicML MDS datasets (shards + ``index.json``, as mosaicml-streaming's ``MDSWriter`` writes them).
+
+Layout (mosaicml-streaming ``streaming/base/format/mds``): ``index.json`` is
+``{"version": 2, "shards": [{"format": "mds", "samples", "column_names", "column_encodings",
+"column_sizes", "compression", "raw_data": {"basename", "bytes"}, "zip_data": ...}, ...]}``; a shard is
+``uint32 n | uint32 offsets[n+1] | config JSON | samples``, a sample is ``uint32 size of each
+variable-size column | each column's bytes, columns in index order``. Text comes from a ``str``
+column (UTF-8); token ids from an ``ndarray`` column (``ndarray``, ``ndarray:int32`` or
+``ndarray:int32:N``), decoded with numpy over the whole chunk. Compressed shards (``zip_data``:
+zstd, gz, bz2, br, snappy) are decompressed whole.
+
+The reader decodes this layout itself, with numpy and fsspec, rather than through the library's
+``MDSReader`` (one sample per call, local files only) or by importing ``streaming``, whose package
+import pulls in torchvision, which cannot be loaded next to the CPU build of torch (see
+``plugins/README_FORMATS.md``). The tests write every MDS dataset with the library's ``MDSWriter``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from .base import SourceError, TokenRows
+from .indexed import IndexedReader, ShardMeta
+from .tokens import byte_token_rows
+
+# mosaicml-streaming's NDArray encoding: value dtype codes and shape dtype codes.
+_VALUE_DTYPES = {8: "uint8", 9: "int8", 16: "uint16", 17: "int16", 18: "float16", 32: "uint32", 33: "int32",
+                 34: "float32", 64: "uint64", 65: "int64", 66: "float64"}
+
+
+class MdsReader(IndexedReader):
+    """Reads one ``str`` (text) or ``ndarray`` (token ids) column of MDS shards."""
+
+    kind = "mds"
+    label = "MDS"
+    exact_end = True
+
+    @classmethod
+    def parse_index(cls, data: Any, index_path: str, source: str) -> list[ShardMeta]:
+        if isinstance(data, dict) and "chunks" in data and "config" in data:
+            raise SourceError(f"source '{source}': {index_path} is a LitData index, not an MDS one: set "
+                              f"format = \"litdata\" for this source.")
+        if not isinstance(data, dict) or not isinstance(data.get("shards"), list):
+            raise SourceError(f"source '{source}': {index_path} is not an MDS index (no 'shards' list). Point "
+                              f"sources.path at a dataset written by mosaicml-streaming's MDSWriter.")
+        out = []
+        for k, shard in enumerate(data["shards"]):
+            try:
+                fmt = shard.get("format")
+                if fmt != "mds":
+                    raise SourceError(f"source '{source}': {index_path}, shard #{k} has format '{fmt}'; zephon "
+                                      f"reads MDS shards (format 'mds', written by MDSWriter), not the "
+                                      f"JSON/CSV shards of the other streaming writers.")
+                raw, zipped = shard["raw_data"], shard.get("zip_data")
+                compression = shard.get("compression") if zipped else None
+                names, encodings, sizes = shard["column_names"], shard["column_encodings"], shard["column_sizes"]
+                if not (len(names) == len(encodings) == len(sizes)):
+                    raise ValueError("column_names, column_encodings and column_sizes differ in length")
+                out.append(ShardMeta(
+                    name=(zipped or raw)["basename"], samples=int(shard["samples"]), nbytes=int(raw["bytes"]),
+                    compression=compression, index=index_path,
+                    stored_bytes=int(zipped["bytes"]) if zipped and zipped.get("bytes") is not None else None,
+                    info={"names": list(names), "encodings": list(encodings),
+                          "sizes": [None if s is None else int(s) for s in sizes]}))
+            except SourceError:
+                raise
+            except (KeyError, TypeError, ValueError, AttributeError) as exc:
+                raise SourceError(f"source '{source}': {index_path}, shard #{k}: not a valid MDS shard entry "
+                                  f"({type(exc).__name__}: {exc}). The index is corrupt: re-write the "
+                                  f"dataset.") from exc
+        return out
+
+    def decode(self, meta: ShardMeta, buf: np.ndarray, starts: np.ndarray, ends: np.ndarray, path: str,
+               first_row: int) -> list[str | None] | TokenRows:
+        names, encodings, sizes = meta.info["names"], meta.info["encodings"], meta.info["sizes"]
+        if self.field not in names:
+            raise self.missing_field(path, names)
+        col = names.index(self.field)
+        enc = encodings[col]
+        a, b = self.field_ranges(buf, starts, ends, sizes, col, True, path, first_row, meta.index)
+        if not self.tokens:
+            if enc != "str":
+                raise SourceError(f"source '{self.source}': field '{self.field}' of MDS shard {path} has encoding "
+                                  f"'{enc}', not 'str'. Point text_field at a text column (or use tokens_field "
+                                  f"for an ndarray column of token ids).")
+            return self.texts(buf, a, b, path, first_row)
+        return self._token_rows(enc, buf, a, b, path, first_row, meta.index)
+
+    def _token_rows(self, enc: str, buf: np.ndarray, a: np.ndarray, b: np.ndarray, path: str,
+                    first_row: int, index: str) -> TokenRows:
+        parts = enc.split(":")
+        if parts[0] != "ndarray":
+            raise SourceError(f"source '{self.source}': field '{self.field}' of MDS shard {path} has encoding "
+                              f"'{enc}'; token ids are read from an 'ndarray' column (e.g. 'ndarray:int32'). "
+                              f"Point tokens_field at one, or use text_field for a 'str' column.")
+        dtype = parts[1] if len(parts) > 1 and parts[1] else None
+        static_shape = len(parts) > 2 and parts[2]
+        n = len(a)
+        if n and np.any(b - a < 1):
+            r = int(np.flatnonzero(b - a < 1)[0])
+            self._bad_sample(path, first_row + r, index, f"has an empty '{self.field}' field")
+        pos = a.copy()
+        if dtype is None:  # dynamic dtype: one code byte per sample
+            codes = buf[pos].astype(np.int64) if n else np.zeros(0, np.int64)
+            unknown = [c for c in np.unique(codes).tolist() if c not in _VALUE_DTYPES]
+            if unknown:
+                r = int(np.flatnonzero(codes == unknown[0])[0])
+                raise SourceError(f"source '{self.source}': MDS shard {path}, sample {first_row + r}: unknown "
+                                  f"ndarray dtype code {unknown[0]}. The shard is corrupt: re-write it.")
+            dtypes = [np.dtype(_VALUE_DTYPES[c]) for c in codes.tolist()]
+            pos = pos + 1
+        else:
+            dtypes = [np.dtype(dtype)] * n
+        if not static_shape and n:  # [ndim << 2 | shape dtype code] [shape]
+            head = buf[pos].astype(np.int64)
+            pos = pos + 1 + (head >> 2) * (1 << (head & 3))
+        if n and np.any(pos > b):
+            r = int(np.flatnonzero(pos > b)[0])
+            raise SourceError(f"source '{self.source}': MDS shard {path}, sample {first_row + r}: the ndarray "
+                              f"header of field '{self.field}' runs past the sample. The shard is corrupt.")
+        bad = [d for d in set(dtypes) if d.kind not in "iu"]
+        if bad:
+            raise SourceError(f"source '{self.source}': field '{self.field}' of MDS shard {path} holds {bad[0]} "
+                              f"values, not integer token ids. Point tokens_field at a token-id column.")
+        if dtype is not None or len(set(dtypes)) <= 1:
+            return byte_token_rows(buf, pos, b, dtypes[0] if dtypes else np.dtype(dtype or "int32"),
+                                   self.source, path, self.field, first_row)
+        return byte_token_rows(buf, pos, b, dtypes, self.source, path, self.field, first_row)

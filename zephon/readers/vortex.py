@@ -1,0 +1,178 @@
+"""Vortex files (vortex-data), read with the ``vortex`` library: one column, one split at a time.
+
+Units, like Parquet: whole files when a source has at least as many files as lanes (nothing is opened
+to plan); otherwise the file's *splits* (``VortexFile.splits()``, the row ranges of its layout, read
+from the footer), and row ranges inside splits when even those are fewer than the lanes. Chunks are
+row ranges aligned to multiples of ``chunk_rows`` from the start of each split. A split's column is
+decoded once per process (``to_repeated_scan(...).execute(row_range=...)``) and cached like Parquet row
+groups. Text comes from a utf8 column; token ids (``tokens_field``) from a list-of-integers column.
+
+Local files open with ``vortex.open`` (native IO); object-store files through the source's fsspec
+filesystem with ``vortex.open_readable``. Needs the ``vortex-data`` package.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from typing import Any, Sequence
+
+import fsspec
+import numpy as np
+import pyarrow as pa
+
+from .base import LRU, RawChunk, SourceError, Unit, aligned_cuts, split_evenly
+from .tokens import arrow_token_rows, is_token_list_type
+
+_TEXT_TYPES = (pa.types.is_string, pa.types.is_large_string, pa.types.is_string_view)
+
+
+def _vortex(source: str) -> Any:
+    try:
+        import vortex
+    except ImportError as exc:
+        raise SourceError(f"source '{source}': format 'vortex' needs the vortex-data package "
+                          f"(pip install 'zephon[formats]'): {exc}") from exc
+    return vortex
+
+
+def _failure(exc: BaseException) -> bool:
+    """Errors of the native library: exceptions, and Rust panics (pyo3's PanicException is a BaseException)."""
+    return isinstance(exc, Exception) or type(exc).__name__ == "PanicException"
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__
+
+
+class VortexReader:
+    """Reads ``text_field`` (or the token-id list column ``tokens_field``) of Vortex files."""
+
+    def __init__(self, fs: fsspec.AbstractFileSystem, source: str, text_field: str, chunk_rows: int,
+                 cache_bytes: int = 1 << 30, tokens_field: str | None = None) -> None:
+        self.fs = fs
+        self.source = source
+        self.field = tokens_field or text_field
+        self.tokens = tokens_field is not None
+        self.chunk_rows = chunk_rows
+        self._files = LRU(64)
+        self._starts = LRU(4096)
+        self._columns = LRU(1024, max_size=cache_bytes, size_of=lambda col: col.nbytes)
+
+    # -- metadata -------------------------------------------------------------------------------
+    def _open(self, path: str) -> Any:
+        """A VortexFile for ``path`` owned by the calling thread."""
+        def make() -> tuple[Any, Any]:
+            vx = _vortex(self.source)
+            try:
+                if "file" in (self.fs.protocol if isinstance(self.fs.protocol, tuple) else (self.fs.protocol,)):
+                    if not self.fs.exists(path):
+                        raise FileNotFoundError(path)
+                    return vx.open(path), None
+                handle = self.fs.open(path, "rb")
+                return vx.open_readable(handle), handle
+            except FileNotFoundError as exc:
+                raise SourceError(f"source '{self.source}': file {path} is missing; it was listed when the run "
+                                  f"was planned. Restore it or start a new run.") from exc
+            except SourceError:
+                raise
+            except BaseException as exc:
+                if not _failure(exc):
+                    raise
+                raise SourceError(f"source '{self.source}': {path} is not a readable Vortex file "
+                                  f"({_first_line(exc)}). The file is corrupt or truncated: re-write or remove "
+                                  f"it.") from exc
+        return self._files.get((path, threading.get_ident()), make)[0]
+
+    def split_starts(self, path: str) -> np.ndarray:
+        """Row offsets of the file's splits: [0, end of split 0, ..., rows]."""
+        def make() -> np.ndarray:
+            f = self._open(path)
+            try:
+                rows = len(f)
+                splits = sorted((int(a), int(b)) for a, b in f.splits())
+            except BaseException as exc:
+                if not _failure(exc):
+                    raise
+                raise SourceError(f"source '{self.source}': cannot read the layout of Vortex file {path} "
+                                  f"({_first_line(exc)}). The file is corrupt: re-write or remove it.") from exc
+            edges = [0] + [b for _, b in splits]
+            if [a for a, _ in splits] != edges[:-1] or edges[-1] != rows:
+                edges = [0, rows]  # not a partition of the rows: one split
+            return np.asarray(edges, dtype=np.int64)
+        return self._starts.get(path, make)
+
+    # -- planning -------------------------------------------------------------------------------
+    def split_units(self, files: Sequence[str], lanes: int) -> list[Unit]:
+        if len(files) >= lanes:
+            return [Unit(i, 0, -1) for i in range(len(files))]
+        groups = []
+        for i, path in enumerate(files):
+            starts = self.split_starts(path)
+            groups += [(i, int(a), int(b)) for a, b in zip(starts[:-1], starts[1:]) if b > a]
+        parts = max(1, math.ceil(lanes / max(1, len(groups))))
+        return [Unit(i, a, b) for i, lo, hi in groups for a, b in split_evenly(lo, hi, parts)]
+
+    def chunk_bounds(self, path: str, unit: Unit, cursor: int) -> list[tuple[int, int]]:
+        starts = self.split_starts(path)
+        lo = unit.start if cursor < 0 else cursor
+        hi = int(starts[-1]) if unit.end < 0 else unit.end
+        out: list[tuple[int, int]] = []
+        for a, b in zip(starts[:-1].tolist(), starts[1:].tolist()):
+            if b <= lo or a >= hi:
+                continue
+            out += aligned_cuts(max(lo, a), min(hi, b), a, self.chunk_rows)
+        return out
+
+    # -- reading (runs on workers) ---------------------------------------------------------------
+    def _column(self, path: str, split: int) -> pa.Array:
+        def make() -> pa.Array:
+            f = self._open(path)
+            names = list(f.dtype.names())
+            if self.field not in names:
+                key, what = ("tokens_field", "token ids") if self.tokens else ("text_field", "text")
+                raise SourceError(f"source '{self.source}': {path} has no column '{self.field}' (columns: "
+                                  f"{', '.join(names)}). Set {key} of this source to the column that holds the "
+                                  f"{what}.")
+            starts = self.split_starts(path)
+            a, b = int(starts[split]), int(starts[split + 1])
+            try:
+                arr = f.to_repeated_scan(projection=[self.field]).execute(row_range=(a, b)).read_all()
+                col = arr.to_arrow_array()
+            except BaseException as exc:
+                if not _failure(exc):
+                    raise
+                raise SourceError(f"source '{self.source}': cannot read rows {a}..{b} of Vortex file {path} "
+                                  f"({_first_line(exc)}). The file is corrupt or truncated: re-write or remove "
+                                  f"it.") from exc
+            if isinstance(col, pa.ChunkedArray):
+                col = col.combine_chunks()
+            if pa.types.is_struct(col.type):
+                col = col.field(0)
+            if len(col) != b - a:
+                raise SourceError(f"source '{self.source}': Vortex file {path} returned {len(col)} rows for rows "
+                                  f"{a}..{b}. The file is corrupt: re-write it.")
+            if self.tokens:
+                if not is_token_list_type(col.type):
+                    raise SourceError(f"source '{self.source}': column '{self.field}' of {path} has type "
+                                      f"{col.type}, not a list of integer token ids. Point tokens_field at a "
+                                      f"token-id column, or use text_field for a text column.")
+            elif not any(check(col.type) for check in _TEXT_TYPES):
+                raise SourceError(f"source '{self.source}': column '{self.field}' of {path} has type {col.type}, "
+                                  f"not a string. Point text_field at a text column.")
+            return col
+        return self._columns.get((path, split), make)
+
+    def read(self, path: str, start: int, end: int) -> RawChunk:
+        starts = self.split_starts(path)
+        split = int(np.searchsorted(starts, start, side="right") - 1)
+        if end < 0:
+            end = int(starts[split + 1])
+        if end > starts[split + 1]:
+            raise AssertionError(f"chunk [{start}, {end}) crosses a split of {path}")
+        col = self._column(path, split).slice(start - int(starts[split]), end - start)
+        cursors = np.arange(start + 1, end + 1, dtype=np.int64)
+        if self.tokens:
+            return RawChunk([], cursors, end, tokens=arrow_token_rows(col, self.source, path, self.field, start))
+        return RawChunk(col.to_pylist(), cursors, end)
