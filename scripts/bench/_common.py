@@ -350,7 +350,8 @@ def parquet_row_groups(data: Path) -> list[tuple[str, int]]:
 
 
 class RowGroupReader:
-    """Reads the ``text`` column of one row group; keeps each file open (per process)."""
+    """Reads the ``text`` column of one row group; keeps each file open per thread (concurrent
+    ``read_row_group`` calls on one shared ParquetFile crash pyarrow)."""
 
     def __init__(self, column: str = "text") -> None:
         self.column = column
@@ -361,10 +362,11 @@ class RowGroupReader:
         import pyarrow.parquet as pq
 
         path, rg = item
+        key = (path, threading.get_ident())
         with self._lock:
-            pf = self._files.get(path)
+            pf = self._files.get(key)
             if pf is None:
-                pf = self._files[path] = pq.ParquetFile(path)
+                pf = self._files[key] = pq.ParquetFile(path)
         return pf.read_row_group(rg, columns=[self.column]).column(0).to_pylist()
 
     def __getstate__(self) -> dict:
