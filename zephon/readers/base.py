@@ -13,6 +13,7 @@ it, so the position after any record is exact.
 
 from __future__ import annotations
 
+import math
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -124,3 +125,32 @@ def split_evenly(lo: int, hi: int, parts: int) -> list[tuple[int, int]]:
     parts = max(1, min(parts, hi - lo))
     edges = [lo + (hi - lo) * k // parts for k in range(parts + 1)]
     return [(a, b) for a, b in zip(edges[:-1], edges[1:]) if b > a]
+
+
+def units_of_groups(files: Sequence[str], lanes: int, group_starts: Callable[[str], np.ndarray]) -> list[Unit]:
+    """Units for a format whose files are made of row groups (Parquet row groups, Vortex splits).
+
+    Whole files when there are at least as many files as lanes (no metadata read); else the groups,
+    cut further into row ranges when even those are fewer than the lanes. ``group_starts(path)``
+    returns the cumulative row offsets ``[0, n0, n0+n1, ..., total]``.
+    """
+    if len(files) >= lanes:
+        return [Unit(i, 0, -1) for i in range(len(files))]
+    groups = []
+    for i, path in enumerate(files):
+        starts = group_starts(path)
+        groups += [(i, int(a), int(b)) for a, b in zip(starts[:-1], starts[1:]) if b > a]
+    parts = max(1, math.ceil(lanes / max(1, len(groups))))
+    return [Unit(i, a, b) for i, lo, hi in groups for a, b in split_evenly(lo, hi, parts)]
+
+
+def chunks_in_groups(starts: np.ndarray, unit: Unit, cursor: int, chunk_rows: int) -> list[tuple[int, int]]:
+    """Chunk bounds of ``unit`` from ``cursor``: never across a group, aligned to each group's start."""
+    lo = unit.start if cursor < 0 else cursor
+    hi = int(starts[-1]) if unit.end < 0 else unit.end
+    out: list[tuple[int, int]] = []
+    for a, b in zip(starts[:-1].tolist(), starts[1:].tolist()):
+        if b <= lo or a >= hi:
+            continue
+        out += aligned_cuts(max(lo, a), min(hi, b), a, chunk_rows)
+    return out

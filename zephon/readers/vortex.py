@@ -13,7 +13,6 @@ filesystem with ``vortex.open_readable``. Needs the ``vortex-data`` package.
 
 from __future__ import annotations
 
-import math
 import threading
 from typing import Any, Sequence
 
@@ -21,7 +20,7 @@ import fsspec
 import numpy as np
 import pyarrow as pa
 
-from .base import LRU, RawChunk, SourceError, Unit, aligned_cuts, split_evenly
+from .base import LRU, RawChunk, SourceError, Unit, chunks_in_groups, units_of_groups
 from .tokens import arrow_token_rows, is_token_list_type
 
 _TEXT_TYPES = (pa.types.is_string, pa.types.is_large_string, pa.types.is_string_view)
@@ -105,25 +104,10 @@ class VortexReader:
 
     # -- planning -------------------------------------------------------------------------------
     def split_units(self, files: Sequence[str], lanes: int) -> list[Unit]:
-        if len(files) >= lanes:
-            return [Unit(i, 0, -1) for i in range(len(files))]
-        groups = []
-        for i, path in enumerate(files):
-            starts = self.split_starts(path)
-            groups += [(i, int(a), int(b)) for a, b in zip(starts[:-1], starts[1:]) if b > a]
-        parts = max(1, math.ceil(lanes / max(1, len(groups))))
-        return [Unit(i, a, b) for i, lo, hi in groups for a, b in split_evenly(lo, hi, parts)]
+        return units_of_groups(files, lanes, self.split_starts)
 
     def chunk_bounds(self, path: str, unit: Unit, cursor: int) -> list[tuple[int, int]]:
-        starts = self.split_starts(path)
-        lo = unit.start if cursor < 0 else cursor
-        hi = int(starts[-1]) if unit.end < 0 else unit.end
-        out: list[tuple[int, int]] = []
-        for a, b in zip(starts[:-1].tolist(), starts[1:].tolist()):
-            if b <= lo or a >= hi:
-                continue
-            out += aligned_cuts(max(lo, a), min(hi, b), a, self.chunk_rows)
-        return out
+        return chunks_in_groups(self.split_starts(path), unit, cursor, self.chunk_rows)
 
     # -- reading (runs on workers) ---------------------------------------------------------------
     def _column(self, path: str, split: int) -> pa.Array:
