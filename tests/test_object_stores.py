@@ -35,6 +35,7 @@ from zephon.state import fingerprint, recipe_summary
 from zephon.plan import WorkPlan
 
 from .conftest import base_recipe_dict
+from .test_errors import first_error
 from .stores import STARTERS, FaultProxy, Store, azurite_connection_string
 
 STEPS = 6
@@ -117,19 +118,6 @@ def reference(corpus, sp_model):
             "fingerprint": state16["fingerprint"]}
 
 
-def first_error(recipe, steps: int = 20) -> tuple[str, BaseException | None]:
-    try:
-        loader = build_loader(recipe, rank=0, world_size=1)
-    except Exception as exc:  # noqa: BLE001 - returned to the test
-        return "build", exc
-    try:
-        for _ in range(steps):
-            next(loader)
-    except Exception as exc:  # noqa: BLE001
-        return "iterate", exc
-    finally:
-        loader.close()
-    return "none", None
 
 
 # -- the same batches from every store -----------------------------------------------------------------------
