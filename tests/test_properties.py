@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from torchdata.nodes import BaseNode, IterableWrapper
 
@@ -77,10 +77,16 @@ def split_at_flushes(items: list[Any]) -> list[list[Any]]:
 
 
 def canon(item: Any) -> Any:
-    """A comparable form of a document or a packed row."""
+    """A comparable form of a document, a packed row or a sentinel."""
+    if isinstance(item, Flush):
+        return ("flush", item.epoch, item.carry)
     if isinstance(item, tuple):
         return (item[0].tolist(), item[1])
     return (item.tokens[:item.fill].tolist(), list(item.seg_lens), list(item.tails), item.flushed)
+
+
+def after_each_flush(items: list[Any]) -> list[tuple[Flush, list[Any]]]:
+    return [(x, items[i + 1:]) for i, x in enumerate(items) if isinstance(x, Flush)]
 
 
 def pieces(items: list[Any], max_len: int) -> list[Any]:
@@ -98,11 +104,12 @@ def pieces(items: list[Any], max_len: int) -> list[Any]:
 
 
 def operator_factories(seq_len: int, algorithm: str, max_bins: int, buffer: int, lane: int):
-    def shuffle(up, epoch):
+    def shuffle(up, epoch, skip):
+        assert skip == 0  # only the packer carries tokens over a sentinel
         return ShuffleBuffer(up, buffer, 1234, lane, epoch)
 
-    def pack(up, epoch):
-        return Packer(up, seq_len, algorithm, max_bins, LaneCounters())
+    def pack(up, epoch, skip):
+        return Packer(up, seq_len, algorithm, max_bins, LaneCounters(), skip=skip)
 
     return {"shuffle": shuffle, "pack": pack}
 
@@ -112,17 +119,19 @@ def operator_factories(seq_len: int, algorithm: str, max_bins: int, buffer: int,
        max_bins=st.integers(1, 6), buffer=st.integers(1, 8), lane=st.integers(0, 63),
        op=st.sampled_from(["shuffle", "pack"]))
 def test_operator_after_flush_equals_fresh_operator(epochs, seq_len, algorithm, max_bins, buffer, lane, op):
+    """After each sentinel, the operator's output equals that of a fresh operator built at the
+    sentinel (its epoch, and the packer's ``carry`` as ``skip``) and fed only the input after it."""
     make = operator_factories(seq_len, algorithm, max_bins, buffer, lane)[op]
-    items, per_epoch = stream_with_flushes(epochs)
-    items = pieces(items, seq_len)
-    whole = split_at_flushes(drain(make(IterableWrapper(items), 0)))
-    assert len(whole) == len(epochs)
-    for e, docs in enumerate(per_epoch):
-        fresh = split_at_flushes(drain(make(IterableWrapper(pieces(docs, seq_len) + [Flush(e + 1, ())]), e)))
-        assert [canon(x) for x in fresh[0]] == [canon(x) for x in whole[e]], f"epoch {e}"
+    items = pieces(stream_with_flushes(epochs)[0], seq_len)
+    whole = drain(make(IterableWrapper(items), 0, 0))
+    out_flushes, in_flushes = after_each_flush(whole), after_each_flush(items)
+    assert [f.epoch for f, _ in out_flushes] == [f.epoch for f, _ in in_flushes] == list(range(1, len(epochs) + 1))
+    for (f_out, rest_out), (f_in, rest_in) in zip(out_flushes, in_flushes):
+        fresh = drain(make(IterableWrapper(rest_in), f_in.epoch, f_out.carry))
+        assert [canon(x) for x in fresh] == [canon(x) for x in rest_out], f"after sentinel {f_in.epoch}"
     # and it is a pure function of its input: a second run is identical
-    again = split_at_flushes(drain(make(IterableWrapper(items), 0)))
-    assert [[canon(x) for x in p] for p in again] == [[canon(x) for x in p] for p in whole]
+    again = drain(make(IterableWrapper(items), 0, 0))
+    assert [canon(x) for x in again] == [canon(x) for x in whole]
 
 
 @FAST
@@ -131,24 +140,39 @@ def test_operator_after_flush_equals_fresh_operator(epochs, seq_len, algorithm, 
 def test_packer_loses_and_duplicates_nothing(epochs, seq_len, algorithm, max_bins):
     items, per_epoch = stream_with_flushes(epochs)
     counters = LaneCounters()
-    node = Packer(IterableWrapper(pieces(items, seq_len)), seq_len, algorithm, max_bins, counters)
-    rows_per_epoch = split_at_flushes(drain(node))
-    for docs, rows in zip(per_epoch, rows_per_epoch):
-        packed = np.concatenate([r.tokens[:r.fill] for r in rows]) if rows else np.zeros(0, np.int32)
-        expected = np.concatenate([d[0] for d in docs]) if docs else np.zeros(0, np.int32)
-        # every token exactly once; wrap keeps order, bin packers may reorder whole pieces
-        if algorithm == "wrap":
-            assert np.array_equal(packed, expected)
-        else:
-            assert np.array_equal(np.sort(packed), np.sort(expected))
-        for r in rows:
-            assert 0 < r.fill <= seq_len and sum(r.seg_lens) == r.fill
-            starts = np.cumsum([0] + r.seg_lens[:-1])
-            for s, n, tail in zip(starts, r.seg_lens, r.tails):
-                piece = r.tokens[s:s + n]
-                assert np.all(np.diff(piece) == 1)  # pieces are contiguous runs of one document
-                assert tail == IGNORE or tail == piece[-1] + 1  # the tail is the true next token
-    assert counters.pad_tokens == sum(seq_len - r.fill for rows in rows_per_epoch for r in rows)
+    out = drain(Packer(IterableWrapper(pieces(items, seq_len)), seq_len, algorithm, max_bins, counters))
+    rows = [r for r in out if not isinstance(r, Flush)]
+    packed = np.concatenate([r.tokens[:r.fill] for r in rows]) if rows else np.zeros(0, np.int32)
+    expected = np.concatenate([d[0] for docs in per_epoch for d in docs] or [np.zeros(0, np.int32)])
+    # every token exactly once; wrap keeps order, bin packers may reorder pieces
+    if algorithm == "wrap":
+        assert np.array_equal(packed, expected)
+    else:
+        assert np.array_equal(np.sort(packed), np.sort(expected))
+    for r in rows:
+        assert 0 < r.fill <= seq_len and sum(r.seg_lens) == r.fill
+        starts = np.cumsum([0] + r.seg_lens[:-1])
+        for s, n, tail in zip(starts, r.seg_lens, r.tails):
+            piece = r.tokens[s:s + n]
+            assert np.all(np.diff(piece) == 1)  # pieces are contiguous runs of one document
+            assert tail == IGNORE or tail == piece[-1] + 1  # the tail is the true next token
+    assert counters.pad_tokens == sum(seq_len - r.fill for r in rows)
+    # the tokens a sentinel's row took from after it are exactly the carry
+    for i, item in enumerate(out):
+        if isinstance(item, Flush) and item.carry:
+            held = out[i - 1]
+            assert held.flushed and held.fill >= item.carry
+    # a flush costs no padding when the segment after it can top up the held row; only the row
+    # held at the very end of the (finite) input is padded
+    if all(sum(e) >= seq_len for e in epochs[1:]):
+        last_pad = seq_len - rows[-1].fill if rows and rows[-1].flushed else 0
+        assert counters.flush_pad_tokens == last_pad
+
+
+def test_packer_refuses_a_carry_longer_than_the_segment():
+    items = docs_of([3, 4], 0) + [Flush(1, ())]
+    with pytest.raises(RuntimeError, match="sources now hold different data"):
+        drain(Packer(IterableWrapper(items), 8, "best_fit", 2, LaneCounters(), skip=9))
 
 
 @FAST
@@ -236,6 +260,7 @@ def test_mixer_resumes_exactly_from_every_flush(specs, weights, by, flush_every)
 @FAST
 @given(weights=st.lists(st.integers(1, 20), min_size=2, max_size=4), by=st.sampled_from(["tokens", "documents"]),
        doc_lens=st.lists(st.integers(1, 9), min_size=4, max_size=4))
+@example(weights=[1, 1, 1, 7], by="documents", doc_lens=[1, 1, 1, 1])  # plain stride scheduling drifts by 2.1
 def test_mixture_is_exact_over_every_prefix(weights, by, doc_lens):
     n = len(weights)
     specs = [([10_000], doc_lens[s], 4) for s in range(n)]
@@ -249,8 +274,15 @@ def test_mixture_is_exact_over_every_prefix(weights, by, doc_lens):
         taken[s] += len(tokens) if by == "tokens" else 1
         total = sum(taken)
         for t in range(n):  # within about one piece of the exact share, at every prefix
-            bound = 2 * piece if by == "tokens" else 2
+            bound = 2 * piece if by == "tokens" else 1
             assert abs(taken[t] - total * weights[t] / total_w) <= bound
+
+
+def test_mixer_picks_of_the_documented_example():
+    mixer = make_mixer([([10_000], 1, 4), ([10_000], 1, 4)], [0.7, 0.3], "documents", flush_every=10**6)
+    picks = ["web" if int(next(mixer)[0][0]) >> 40 == 0 else "code" for _ in range(20)]
+    assert " ".join(picks[:10]) == "web code web web code web web code web web"
+    assert picks[10:] == picks[:10]
 
 
 def test_integer_strides():

@@ -18,7 +18,7 @@ from .plan import WorkPlan
 from .recipe import Recipe
 
 STATE_FORMAT = "zephon.loader_state"
-STATE_VERSION = 1
+STATE_VERSION = 2  # 2: lanes carry the packer's post-sentinel top-up (``carry``)
 
 
 class StateError(ValueError):
@@ -79,7 +79,9 @@ def check_compatible(state: dict[str, Any], fp: str, summary: dict[str, Any]) ->
                          "loader.state_dict() or zephon.merge_states() returned.")
     if state.get("version") != STATE_VERSION:
         raise StateError(f"loader state version {state.get('version')} is not supported by this Zephon "
-                         f"(version {STATE_VERSION}).")
+                         f"(it reads version {STATE_VERSION}; version 1 states padded the row at each flush, so "
+                         "the rows after them differ). Resume with the Zephon release that wrote the state, "
+                         "or start the run afresh.")
     if state.get("fingerprint") != fp:
         diffs = _diff(state.get("recipe", {}), summary) or ["(no field differs; the file lists differ)"]
         raise StateError("this checkpoint was written by a different recipe (fingerprint "

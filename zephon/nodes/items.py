@@ -21,12 +21,15 @@ class Flush:
     """Sentinel: every operator emits what it holds for the lane, then forwards it.
 
     ``epoch`` numbers the segment that starts after this sentinel; ``positions`` is where each
-    source's reader stands at that point, as ``(unit_seq, cursor)`` per source index. A lane rebuilt
-    from ``(epoch, positions)`` produces exactly what the original lane produced after the sentinel.
+    source's reader stands at that point, as ``(unit_seq, cursor, offset)`` per source index.
+    ``carry`` is set by the packer: how many tokens from after the sentinel it put into the last row
+    before it (so that row needs no padding). A lane rebuilt from ``(epoch, positions, carry)``
+    produces exactly what the original lane produced after the sentinel.
     """
 
     epoch: int
-    positions: tuple[tuple[int, int], ...]
+    positions: tuple[tuple[int, ...], ...]
+    carry: int = 0
 
 
 class Row:

@@ -31,12 +31,14 @@ class LaneState:
     ``epoch``: number of sentinels before that point; ``positions``: per source name,
     ``[unit_seq, cursor, offset]`` of its reader (cursor -1: start of the unit; offset: tokens of the
     document at the cursor already taken, when a long document was cut there); ``rows_since_flush``:
-    rows of this lane delivered to the trainer after that sentinel.
+    rows of this lane delivered to the trainer after that sentinel; ``carry``: tokens after that
+    sentinel that went into the row before it (the packer's top-up, so a flush costs no padding).
     """
 
     epoch: int
     positions: dict[str, list[int]]
     rows_since_flush: int
+    carry: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -44,7 +46,7 @@ class LaneState:
     @staticmethod
     def from_dict(d: dict[str, Any]) -> "LaneState":
         return LaneState(int(d["epoch"]), {k: [int(v[0]), int(v[1]), int(v[2])] for k, v in d["positions"].items()},
-                         int(d["rows_since_flush"]))
+                         int(d["rows_since_flush"]), int(d["carry"]))
 
     @staticmethod
     def initial(names: Sequence[str]) -> "LaneState":
@@ -72,7 +74,7 @@ class Lane(BaseNode[list[Row]]):
                                [2 * len(s.units) + r.lanes for s in self.plan.sources], r.split_len)
         if r.shuffle_buffer > 0:
             node = ShuffleBuffer(node, r.shuffle_buffer, r.seed, self.lane, state.epoch)
-        return Packer(node, r.seq_len, r.pack.algorithm, r.pack.max_open_bins, self.counters)
+        return Packer(node, r.seq_len, r.pack.algorithm, r.pack.max_open_bins, self.counters, skip=state.carry)
 
     def reset(self, initial_state: dict | None = None) -> None:
         super().reset(initial_state)
@@ -91,7 +93,8 @@ class Lane(BaseNode[list[Row]]):
         while True:
             item = next(self._rows)
             if isinstance(item, Flush):
-                self._epoch_start = LaneState(item.epoch, dict(zip(self.names, map(list, item.positions))), 0)
+                self._epoch_start = LaneState(item.epoch, dict(zip(self.names, map(list, item.positions))), 0,
+                                              item.carry)
                 self._since = 0
                 continue
             self._since += 1
@@ -100,7 +103,7 @@ class Lane(BaseNode[list[Row]]):
     def next(self) -> list[Row]:
         rows = [self._next_row() for _ in range(self.recipe.batch_per_lane)]
         start = self._epoch_start
-        self._state = LaneState(start.epoch, start.positions, self._since)
+        self._state = LaneState(start.epoch, start.positions, self._since, start.carry)
         return rows
 
     def get_state(self) -> dict[str, Any]:

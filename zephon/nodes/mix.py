@@ -2,17 +2,21 @@
 
 The mixer is the lane's first accumulator. It takes *pieces* (documents, cut into runs of at most
 ``piece_len`` tokens) from each source's chunk stream in order and decides, by integer arithmetic
-alone, which source gives the next piece: stride
-scheduling over the weights. Each source ``s`` has a counter ``c_s`` (tokens or documents taken
-since the last flush) and an integer stride ``m_s = M / w_s`` (``M`` the lcm of the integer
-weights); the next document comes from the source with the smallest ``c_s * m_s``, lowest index on
-ties. After any prefix, each source's share is within one piece (at most ``piece_len`` tokens) of
-its weight: the mixture is exact over every window, not a random draw, even with very long
-documents. A piece that is not its document's last carries the next token as its tail label.
+alone, which source gives the next piece: weighted fair queueing (WF2Q, as in EEVDF schedulers) over
+the integer weights ``w_s`` (sum ``W``). Each source has a counter ``c_s`` (tokens or documents taken
+since the last flush, ``t`` their sum) and a stride ``m_s = M / w_s`` (``M`` the lcm of the weights).
+A source is *eligible* when it is not ahead of its share (``c_s * W <= t * w_s``); among the eligible
+ones the next piece comes from the one whose next piece would be due first (smallest
+``(c_s + 1) * m_s``), lowest index on ties. After any prefix each source's count is within one
+document (by documents) or two pieces (by tokens) of its exact share: the mixture is exact over every
+window, not a random draw, even with very long documents. Without the eligibility rule (plain stride
+scheduling) every source would take a document in the first round, whatever its weight: weights
+1/1/1/7 would drift by more than two documents. A piece that is not its document's last carries the
+next token as its tail label.
 
 Worked example, weights 0.7/0.3 by documents (integer weights 7 and 3, M = 21, strides 3 and 7)::
 
-    picks: web code web web code web web code web web ... (7 web and 3 code in every 10)
+    picks: web code web web code web web code web web | web code ... (7 web and 3 code in every 10)
 
 The mixer also tracks where each source's reader stands, ``(unit_seq, cursor, offset)`` (the
 cursor at the current document, and tokens of it already taken), and counts
@@ -36,13 +40,18 @@ from ..runner import TokenizedChunk
 from .items import IGNORE, Flush, LaneCounters
 
 
-def integer_strides(weights: Sequence[float]) -> list[int]:
-    """Strides ``m_s`` with ``m_s * w_s`` equal for all sources, as small exact integers."""
+def integer_weights(weights: Sequence[float]) -> list[int]:
+    """The weights as the smallest exact integers in the same ratios (``0.7, 0.3 -> 7, 3``)."""
     fracs = [Fraction(w).limit_denominator(10_000) for w in weights]
     denom = math.lcm(*(f.denominator for f in fracs))
     ints = [int(f * denom) for f in fracs]
     g = math.gcd(*ints)
-    ints = [i // g for i in ints]
+    return [i // g for i in ints]
+
+
+def integer_strides(weights: Sequence[float]) -> list[int]:
+    """Strides ``m_s`` with ``m_s * w_s`` equal for all sources, as small exact integers."""
+    ints = integer_weights(weights)
     m = math.lcm(*ints)
     return [m // i for i in ints]
 
@@ -57,7 +66,9 @@ class Mixer(BaseNode):
         super().__init__()
         self.piece_len = piece_len
         self.streams = list(streams)
+        self.weights = integer_weights(weights)
         self.strides = integer_strides(weights)
+        self.total_weight = sum(self.weights)
         self.by_tokens = by == "tokens"
         self.flush_every = flush_every
         self.names = list(names)
@@ -87,11 +98,13 @@ class Mixer(BaseNode):
 
     # -- decisions ------------------------------------------------------------------------------
     def _choose(self) -> int:
-        best, best_key = 0, self._taken[0] * self.strides[0]
-        for s in range(1, len(self.strides)):
-            key = self._taken[s] * self.strides[s]
-            if key < best_key:
-                best, best_key = s, key
+        taken, total, big_w = self._taken, sum(self._taken), self.total_weight
+        best, best_key = -1, 0
+        for s, (w, m) in enumerate(zip(self.weights, self.strides)):
+            if taken[s] * big_w <= total * w:  # eligible: not ahead of its share (one always is)
+                key = (taken[s] + 1) * m
+                if best < 0 or key < best_key:
+                    best, best_key = s, key
         return best
 
     def _finish_chunk(self, s: int, chunk: TokenizedChunk) -> bool:
