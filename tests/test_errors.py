@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 import re
 from pathlib import Path
 
@@ -20,6 +21,8 @@ import pytest
 import zstandard
 
 from zephon import RecipeError, SourceError, StateError, build_loader, load_recipe, merge_states, recipe_from_dict
+
+from .conftest import base_recipe_dict
 from zephon.verify import global_hashes
 
 try:
@@ -335,3 +338,36 @@ def test_filter_that_rejects_everything_is_an_error_not_a_loop(make_recipe):
     where, exc = first_error(make_recipe(), text_filter=lambda text: False)
     assert where == "iterate" and isinstance(exc, SourceError), exc
     assert "gave no document" in str(exc) and "filters" in str(exc)
+
+
+def test_state_of_an_older_format_is_refused_with_the_fix(make_recipe):
+    loader = build_loader(make_recipe(), rank=0, world_size=1)
+    next(loader)
+    state = json.loads(json.dumps(loader.state_dict()))
+    state["version"] = 1
+    for lane in state["lanes"].values():
+        del lane["carry"]
+    with pytest.raises(StateError) as info:
+        build_loader(make_recipe(), rank=0, world_size=1).load_state_dict(state)
+    msg = str(info.value)
+    assert "version 1" in msg and "reads version 2" in msg and "start the run afresh" in msg
+
+
+def test_process_runner_in_a_script_without_main_guard(corpus, sp_model, tmp_path):
+    """forkserver/spawn workers import the main module again; an unguarded script must get the fix,
+    not a bare 'exited with code 1'."""
+    import subprocess
+    import sys
+
+    recipe = base_recipe_dict(corpus, {"kind": "sentencepiece", "path": str(sp_model)})
+    script = tmp_path / "train.py"
+    script.write_text("import json\nimport zephon\n"
+                      f"recipe = zephon.recipe_from_dict(json.loads({json.dumps(json.dumps(recipe))}))\n"
+                      "loader = zephon.build_loader(recipe, rank=0, world_size=1, num_workers=1, runner='process')\n"
+                      "next(iter(loader))\n")
+    root = str(Path(__file__).resolve().parents[1])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, env=env)
+    assert proc.returncode != 0
+    last = proc.stderr.strip().splitlines()[-3:]
+    assert any("if __name__ == \"__main__\":" in line and "runner='thread'" in line for line in last), proc.stderr[-2000:]

@@ -36,6 +36,8 @@ class LocalLanes:
     def reset(self, states: dict[int, dict]) -> None:
         for lane in self._lanes:
             lane.reset(states.get(lane.lane))
+        for lane in self._lanes:  # workers start on every lane's first chunks at once
+            lane.prime()
 
     def next_step(self) -> list[list[Row]]:
         return [next(lane) for lane in self._lanes]
@@ -62,6 +64,8 @@ def _lane_worker(recipe: Recipe, lanes: list[int], states: dict[int, dict], out:
         nodes = [Lane(recipe, plan, runner, lane, 1) for lane in lanes]
         for node in nodes:
             node.reset(states.get(node.lane))
+        for node in nodes:
+            node.prime()
         while not stop.is_set():
             for node in nodes:
                 rows = next(node)
@@ -78,6 +82,17 @@ def _lane_worker(recipe: Recipe, lanes: list[int], states: dict[int, dict], out:
             out.put(("error", exc, traceback.format_exc()), timeout=5)
         except BaseException:
             out.put(("error", RuntimeError(str(exc)), traceback.format_exc()), timeout=5)
+
+
+def _worker_death(k: int, pid: int, code: int | None) -> str:
+    """Why a lane worker may have died without a word: its own errors are always reported."""
+    head = f"Zephon lane worker {k} (pid {pid}) exited with code {code} without reporting an error"
+    if code is not None and code < 0:
+        return f"{head}: it was killed by signal {-code} (out of memory? see dmesg)."
+    return (f"{head}, so it failed while starting, before Zephon's code ran (its traceback is on stderr). "
+            "Most often the script that builds the loader has no `if __name__ == \"__main__\":` guard: "
+            "worker processes start with forkserver/spawn and import the main module again. Guard the "
+            "script's entry point, or use runner='thread'.")
 
 
 class ProcessLanes:
@@ -123,9 +138,7 @@ class ProcessLanes:
             except queue.Empty:
                 proc = self._procs[k]
                 if not proc.is_alive():
-                    raise RuntimeError(f"Zephon lane worker {k} (pid {proc.pid}) exited with code "
-                                       f"{proc.exitcode} without reporting an error; it was likely killed "
-                                       f"(out of memory?).") from None
+                    raise RuntimeError(_worker_death(k, proc.pid, proc.exitcode)) from None
 
     def next_step(self) -> list[list[Row]]:
         if not self._procs:

@@ -64,6 +64,10 @@ class ReorderBuffer(BaseNode[TokenizedChunk]):
                 return
             self._pending.append(self.runner.submit(task))
 
+    def prime(self) -> None:
+        """Submit up to ``depth`` tasks now, before the first ``next()``."""
+        self._fill()
+
     def next(self) -> TokenizedChunk:
         self._fill()
         if not self._pending:

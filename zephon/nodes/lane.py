@@ -66,12 +66,13 @@ class Lane(BaseNode[list[Row]]):
     # -- construction ---------------------------------------------------------------------------
     def _build(self, state: LaneState) -> BaseNode:
         r = self.recipe
-        streams = [ReorderBuffer(ChunkSource(src, self.lane), self.runner, self.prefetch)
-                   for src in self.plan.sources]
+        streams = self._streams = [ReorderBuffer(ChunkSource(src, self.lane), self.runner, self.prefetch)
+                                   for src in self.plan.sources]
         positions = [tuple(state.positions[n]) for n in self.names]
-        node: BaseNode = Mixer(streams, [s.weight for s in r.sources], r.mix_by, r.flush_every, state.epoch,
-                               positions, self.counters, self.names,
-                               [2 * len(s.units) + r.lanes for s in self.plan.sources], r.split_len)
+        self._mixer = Mixer(streams, [s.weight for s in r.sources], r.mix_by, r.flush_every, state.epoch,
+                            positions, self.counters, self.names,
+                            [2 * len(s.units) + r.lanes for s in self.plan.sources], r.split_len)
+        node: BaseNode = self._mixer
         if r.shuffle_buffer > 0:
             node = ShuffleBuffer(node, r.shuffle_buffer, r.seed, self.lane, state.epoch)
         return Packer(node, r.seq_len, r.pack.algorithm, r.pack.max_open_bins, self.counters, skip=state.carry)
@@ -86,8 +87,14 @@ class Lane(BaseNode[list[Row]]):
         self._rows = self._build(self._state)
         self._epoch_start = self._state  # state at the last sentinel seen
         self._since = 0  # rows emitted by the packer after that sentinel
-        for _ in range(self._state.rows_since_flush):  # replay-and-skip
-            self._next_row()
+        self._to_skip = self._state.rows_since_flush  # replay-and-skip, on the first next()
+
+    def prime(self) -> None:
+        """Submit the first chunk tasks of every source now (a host calls this for all its lanes
+        before pulling any, so that workers start on every lane at once)."""
+        self._mixer.reset(None)  # otherwise done lazily by the first next(); places the streams
+        for stream in self._streams:
+            stream.prime()
 
     def _next_row(self) -> Row:
         while True:
@@ -101,6 +108,9 @@ class Lane(BaseNode[list[Row]]):
             return item
 
     def next(self) -> list[Row]:
+        while self._to_skip:
+            self._next_row()
+            self._to_skip -= 1
         rows = [self._next_row() for _ in range(self.recipe.batch_per_lane)]
         start = self._epoch_start
         self._state = LaneState(start.epoch, start.positions, self._since, start.carry)
