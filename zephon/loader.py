@@ -176,7 +176,8 @@ class ZephonLoader:
         """Counters to log: tokens/s, padding fractions, sentinel cost, per-lane progress.
 
         ``pad_fraction`` / ``flush_pad_fraction`` cover the rows *delivered* since the last (re)start;
-        ``docs``, ``flushes``, ``units``, ... count the work the lanes did, which runs a little ahead.
+        ``docs``, ``flushes``, ``units``, ... count the work the lanes did since the (re)start, which
+        runs a little ahead of delivery; after a resume, the replay up to the checkpoint is not counted.
         """
         total = LaneCounters()
         per_lane = self._host.counters()

@@ -48,7 +48,7 @@ def _recipe(task: dict[str, Any]):
     import zephon
 
     recipe = zephon.load_recipe(task["recipe"])
-    changes = {k: task[k] for k in ("lanes", "seq_len", "flush_every") if task.get(k) is not None}
+    changes = {k: task[k] for k in ("lanes", "seq_len", "flush_every", "cache_bytes") if task.get(k) is not None}
     return recipe.replace(**changes) if changes else recipe
 
 
@@ -268,7 +268,8 @@ def study_memory(args, recipe_path: Path) -> list[dict]:
                      {"workers": args.workers, "runner": args.runner, "steps": n_long, "long": True}))
     out = []
     for label, p in runs:
-        task = {"kind": "memory", "recipe": str(recipe_path), "world_size": 1, "steps": args.mem_steps, **p}
+        task = {"kind": "memory", "recipe": str(recipe_path), "world_size": 1, "steps": args.mem_steps,
+                "cache_bytes": args.cache_bytes, **p}
         print(f"  {label:<48}", end=" ", flush=True)
         r = run_task(SCRIPT, task, timeout=args.timeout)
         r["label"] = label
@@ -325,6 +326,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--save-every", type=int, default=20)
     ap.add_argument("--mem-steps", type=int, default=40, help="memory study: batches per run")
     ap.add_argument("--long-factor", type=int, default=10)
+    ap.add_argument("--cache-bytes", type=int, default=None,
+                    help="memory study: read.cache_bytes (decoded row groups kept per process; default: the recipe's)")
     ap.add_argument("--mem-runs", default="workers,seq_len,long", help="memory study: which groups to run")
     ap.add_argument("--timeout", type=float, default=900.0)
     ap.add_argument("--json", default="")

@@ -199,6 +199,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=3, help="timed windows per configuration; the median is reported")
     ap.add_argument("--fresh", action="store_true",
                     help="rebuild and re-warm the pipeline for every repeat (independent runs; slower)")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="run every configuration this many times, interleaved (round r runs them all, in "
+                         "reverse order every other round), and report the median round: a slow spell of the "
+                         "machine (CPU steal, another job) then hits every configuration alike")
     ap.add_argument("--only", default="", help="comma-separated names or globs (e.g. 'zephon_*,plain_loop')")
     ap.add_argument("--extra", action="store_true", help="also run the extra configurations (see --list)")
     ap.add_argument("--list", action="store_true", help="list the configurations and exit")
@@ -239,20 +243,24 @@ def main(argv: list[str] | None = None) -> int:
           f"Zephon's batch hashing excluded from timings; peak RSS = process tree, summed")
     sys.stdout.flush()
 
-    results: dict[str, dict[str, Any]] = {}
+    per_cfg: dict[str, list[dict[str, Any]]] = {c["name"]: [] for c in cfgs}
     t_all = time.perf_counter()
-    for c in cfgs:
-        task = {"kind": "text", "config": c, "data": str(data), "batch": batch, "seq_len": seq_len,
-                "steps": args.steps, "warmup": args.warmup, "repeats": args.repeats, "fresh": args.fresh}
-        print(f"[{time.perf_counter() - t_all:6.0f}s] {c['name']:<28}", end=" ", flush=True)
-        r = run_task(SCRIPT, task, timeout=args.timeout)
-        results[c["name"]] = {**c, **r}
-        if r.get("ok"):
-            runs_s = ", ".join(f"{x['tokens_per_s'] / 1e3:.1f}k" for x in r["runs"])
-            print(f"{r['tokens_per_s'] / 1e3:9.1f} k tok/s  (windows: {runs_s}; first batch "
-                  f"{r['first_batch_s']:.1f}s; peak RSS {r['peak_rss_mb']:.0f} MB; {r['wall_s']:.0f}s)", flush=True)
-        else:
-            print(f"FAILED: {r.get('error')}", flush=True)
+    for rnd in range(max(1, args.rounds)):
+        if args.rounds > 1:
+            print(f"# round {rnd + 1} of {args.rounds}", flush=True)
+        for c in (cfgs if rnd % 2 == 0 else cfgs[::-1]):
+            task = {"kind": "text", "config": c, "data": str(data), "batch": batch, "seq_len": seq_len,
+                    "steps": args.steps, "warmup": args.warmup, "repeats": args.repeats, "fresh": args.fresh}
+            print(f"[{time.perf_counter() - t_all:6.0f}s] {c['name']:<28}", end=" ", flush=True)
+            r = run_task(SCRIPT, task, timeout=args.timeout)
+            per_cfg[c["name"]].append(r)
+            if r.get("ok"):
+                runs_s = ", ".join(f"{x['tokens_per_s'] / 1e3:.1f}k" for x in r["runs"])
+                print(f"{r['tokens_per_s'] / 1e3:9.1f} k tok/s  (windows: {runs_s}; first batch "
+                      f"{r['first_batch_s']:.1f}s; peak RSS {r['peak_rss_mb']:.0f} MB; {r['wall_s']:.0f}s)", flush=True)
+            else:
+                print(f"FAILED: {r.get('error')}", flush=True)
+    results = {c["name"]: {**c, **median_round(per_cfg[c["name"]])} for c in cfgs}
 
     print()
     print(render_table(results))
@@ -277,6 +285,23 @@ def main(argv: list[str] | None = None) -> int:
     return code
 
 
+def median_round(rounds: list[dict[str, Any]]) -> dict[str, Any]:
+    """One configuration's rounds -> the round with the median tokens/s (lower middle for an even count),
+    with every round's figure in ``round_tokens_per_s``; failed if any round failed; the batch hashes must
+    agree between rounds."""
+    bad = [r for r in rounds if not r.get("ok")]
+    if bad:
+        return bad[0]
+    ranked = sorted(rounds, key=lambda r: r["tokens_per_s"])
+    pick = dict(ranked[(len(ranked) - 1) // 2])
+    pick["round_tokens_per_s"] = [r["tokens_per_s"] for r in rounds]
+    pick["round_first_batch_s"] = [r["first_batch_s"] for r in rounds]
+    pick["peak_rss_mb"] = max(r["peak_rss_mb"] for r in rounds)
+    if any(r.get("digests") != rounds[0].get("digests") for r in rounds):
+        pick["repeats_agree"] = False
+    return pick
+
+
 def render_table(results: dict[str, dict[str, Any]]) -> str:
     def tps(name: str) -> float | None:
         r = results.get(name)
@@ -291,7 +316,8 @@ def render_table(results: dict[str, dict[str, Any]]) -> str:
             continue
         v = r["tokens_per_s"]
         runs = r["runs"]
-        lo, hi = min(x["tokens_per_s"] for x in runs), max(x["tokens_per_s"] for x in runs)
+        spread = r.get("round_tokens_per_s") or [x["tokens_per_s"] for x in runs]  # rounds, else windows
+        lo, hi = min(spread), max(spread)
         pad = [x.get("pad_fraction") for x in runs if x.get("pad_fraction") is not None]
         pad_s = f"{100 * pad[-1]:.1f}" if pad else ("0.0" if r["kind"] in ("plain_loop", "torchdata") else "")
         if r["kind"] == "zephon" and runs[-1].get("flush_pad_fraction") is not None:
@@ -303,7 +329,8 @@ def render_table(results: dict[str, dict[str, Any]]) -> str:
                      f"{lo / 1e3:.0f}-{hi / 1e3:.0f}k" + (" (noisy)" if hi > 1.5 * lo else "")])
     return fmt_table(["config", "workers", "runner", "k tok/s (median)", "x tokenizer_alone", "x plain_loop",
                       "peak RSS MB", "pad % (flush)", "1st batch s", "k tok/s all windows", "k tok/s incl. startup",
-                      "windows min-max / error"], rows, align="lrlrrrrrrrrl")
+                      ("rounds" if any(r.get("round_tokens_per_s") for r in results.values()) else "windows")
+                      + " min-max / error"], rows, align="lrlrrrrrrrrl")
 
 
 def zephon_hash_check(results: dict[str, dict[str, Any]]) -> tuple[list[str], bool, bool]:

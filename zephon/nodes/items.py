@@ -76,3 +76,8 @@ class LaneCounters:
     units: int = 0
     skipped_records: int = 0
     source_tokens: dict = field(default_factory=dict)
+
+    def clear(self) -> None:
+        """Zero every counter in place (the operators of the lane hold this same object)."""
+        for name, value in vars(LaneCounters()).items():
+            setattr(self, name, value)

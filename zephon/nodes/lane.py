@@ -2,9 +2,10 @@
 
 The chain is ``chunks -> reorder buffer -> mix (+split) -> shuffle -> pack`` and this node takes
 ``batch_per_lane`` rows per global step. It watches the flush sentinels go by, so it always knows
-the position of the last sentinel *before the last row it delivered* and how many rows it has
-delivered since. That pair is the lane's whole checkpoint (:class:`LaneState`): to resume, the chain
-is rebuilt fresh at the sentinel's positions and the already-delivered rows are skipped.
+the position of the last sentinel *before the last row it delivered*, that sentinel's ``carry`` and
+how many rows it has delivered since. That is the lane's whole checkpoint (:class:`LaneState`): to
+resume, the chain is rebuilt fresh at the sentinel's positions, the packer drops ``carry`` tokens,
+and the already-delivered rows are skipped.
 """
 
 from __future__ import annotations
@@ -108,9 +109,11 @@ class Lane(BaseNode[list[Row]]):
             return item
 
     def next(self) -> list[Row]:
-        while self._to_skip:
-            self._next_row()
-            self._to_skip -= 1
+        if self._to_skip:
+            while self._to_skip:
+                self._next_row()
+                self._to_skip -= 1
+            self.counters.clear()  # the replayed work was counted by the run that wrote the checkpoint
         rows = [self._next_row() for _ in range(self.recipe.batch_per_lane)]
         start = self._epoch_start
         self._state = LaneState(start.epoch, start.positions, self._since, start.carry)

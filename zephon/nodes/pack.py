@@ -11,7 +11,7 @@ few open rows ("bins"). Ties are broken by the order in which bins were opened, 
               anything longer than a row).
 ``wrap``      documents are concatenated and the stream is cut every ``seq_len`` tokens; a
               document cut at a row end continues at the start of the next row, and the piece's tail
-              label is the next token. No padding except at a flush.
+              label is the next token. No padding (a flush tops its last row up, see below).
 
 At a :class:`Flush` sentinel the packer must empty itself, so that after it it is as if new. Padding
 every open bin would cost up to ``max_open_bins`` part-empty rows per flush; instead the pieces in the
@@ -33,11 +33,12 @@ Worked example, ``seq_len = 8``, ``max_open_bins = 2``, documents of lengths 5, 
                -> B, C hold 4+2+6 = 12 tokens: wrapped, [4,2,2'] emitted, [4''] held with 4 free
                next segment starts with 3, 7 -> [4'',3,1'] emitted, flush forwarded with carry 4,
                then the rest of the 7, 6'', enters the fresh packer as a document
-    flush cost: open bins [5] [5] [5] -> padding each costs 9 tokens in three rows; wrapping their
-               pieces gives [5,3'] [2'',5] + 1 held slot, topped up by the next segment: 0 padding
+    flush cost, max_open_bins = 3, open bins [5] [5] [5]: padding each costs 9 tokens in three rows;
+               wrapping their pieces gives [5,3'] [2'',5] + 1 held slot, topped up by the next
+               segment: 0 padding
                (x' = first part of a cut piece, x'' = the rest)
     first_fit: same here; it differs when several bins fit (oldest wins, not tightest)
-    wrap:      [5,3'] [1'',4,3'''] ... pieces of the 4-token doc continue on the next row
+    wrap:      [5,3'] [1'',3,2,2'] [4''...] (the 4- and 6-token documents continue on the next row)
 """
 
 from __future__ import annotations
