@@ -371,3 +371,14 @@ def test_process_runner_in_a_script_without_main_guard(corpus, sp_model, tmp_pat
     assert proc.returncode != 0
     last = proc.stderr.strip().splitlines()[-3:]
     assert any("if __name__ == \"__main__\":" in line and "runner='thread'" in line for line in last), proc.stderr[-2000:]
+
+
+def test_malformed_lane_state_names_the_lane_and_the_shape(make_recipe):
+    loader = build_loader(make_recipe(), rank=0, world_size=1)
+    next(loader)
+    state = json.loads(json.dumps(loader.state_dict()))
+    del state["lanes"]["3"]["carry"]
+    with pytest.raises(StateError) as info:
+        build_loader(make_recipe(), rank=0, world_size=1).load_state_dict(state)
+    msg = str(info.value)
+    assert "lane 3" in msg and "'carry'" in msg and "rows_since_flush, carry" in msg

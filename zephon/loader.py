@@ -149,7 +149,13 @@ class ZephonLoader:
                              f"{'...' if len(missing) > 8 else ''}. Merge the states of all ranks of the "
                              f"checkpoint with zephon.merge_states([...]) (or loader.gather_state_dict()).")
         for lane in self.lanes:
-            LaneState.from_dict(have[lane])
+            try:
+                LaneState.from_dict(have[lane])
+            except (KeyError, TypeError, ValueError, IndexError, AttributeError) as exc:
+                raise StateError(f"lane {lane} of the state is malformed ({type(exc).__name__}: {exc}); a lane "
+                                 f"state is {{epoch, positions: {{source: [unit_seq, cursor, offset]}}, "
+                                 f"rows_since_flush, carry}}. Pass the state exactly as state_dict() or "
+                                 f"merge_states() returned it.") from None
         return {lane: have[lane] for lane in self.lanes}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
