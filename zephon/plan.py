@@ -25,6 +25,7 @@ import fsspec
 
 from ._perm import mix64, permute_index, stable_key
 from .readers import INDEXED_READERS, Reader, SourceError, Unit, make_reader
+from .readers.base import path_not_found
 from .recipe import Recipe, SourceSpec, StorageSpec
 from .storage import url_to_fs
 
@@ -72,8 +73,7 @@ def list_files(source: SourceSpec, origin: str = "the recipe",
         elif fs_i.isfile(root):
             matches = [root]
         else:
-            raise SourceError(f"{origin}: source '{source.name}': path '{pattern}' does not exist. "
-                              f"Fix sources.path (relative paths resolve against the recipe's folder).")
+            raise path_not_found(origin, source.name, pattern)
         if not matches:
             raise SourceError(f"{origin}: source '{source.name}': path '{pattern}' matches no "
                               f"{source.format} files (looked for {', '.join(exts)}).")

@@ -26,6 +26,12 @@ class SourceError(RuntimeError):
     """Bad input in a source file; the message names the file, the field and the fix."""
 
 
+def path_not_found(origin: str, source: str, pattern: str) -> SourceError:
+    """The error for a ``sources.path`` entry that names nothing (shared by every way of listing)."""
+    return SourceError(f"{origin}: source '{source}': path '{pattern}' does not exist. Fix sources.path "
+                       f"(relative paths resolve against the recipe's folder).")
+
+
 @dataclass(frozen=True)
 class Unit:
     """A contiguous part of one file of a source, in the reader's coordinates (``end=-1``: to EOF)."""

@@ -34,7 +34,7 @@ from typing import Any, Sequence
 import fsspec
 import numpy as np
 
-from .base import LRU, RawChunk, SourceError, TokenRows, Unit, aligned_cuts, split_evenly
+from .base import LRU, RawChunk, SourceError, TokenRows, Unit, aligned_cuts, path_not_found, split_evenly
 
 INDEX_NAME = "index.json"
 
@@ -112,8 +112,7 @@ class IndexedReader:
         elif fs.isfile(root):
             indexes = [root]
         else:
-            raise SourceError(f"{origin}: source '{source}': path '{pattern}' does not exist. Fix sources.path "
-                              f"(relative paths resolve against the recipe's folder).")
+            raise path_not_found(origin, source, pattern)
         if not indexes:
             raise SourceError(f"{origin}: source '{source}': path '{pattern}' holds no {cls.label} dataset (no "
                               f"{INDEX_NAME} found). Point sources.path at the folder written by the "
