@@ -100,7 +100,7 @@ def test_resume_twice_across_world_sizes(make_recipe):
     assert got == reference
 
 
-@pytest.mark.parametrize("runner,workers", [("thread", 1), ("thread", 2), ("thread", 4), ("process", 2)])
+@pytest.mark.parametrize("runner,workers", [("thread", 1), ("thread", 2), ("thread", 4), ("pool", 2), ("process", 2)])
 def test_workers_and_runners_change_nothing(make_recipe, runner, workers):
     recipe = make_recipe(lanes=16, shuffle={"buffer": 4})
     plan = WorkPlan(recipe)
@@ -108,11 +108,12 @@ def test_workers_and_runners_change_nothing(make_recipe, runner, workers):
     assert global_hashes(recipe, 4, 8, num_workers=workers, runner=runner, plan=plan) == reference
 
 
-def test_resume_with_process_workers_on_other_world_size(make_recipe):
+@pytest.mark.parametrize("runner", ["pool", "process"])
+def test_resume_with_process_workers_on_other_world_size(make_recipe, runner):
     recipe = make_recipe(lanes=16)
     plan = WorkPlan(recipe)
     reference = global_hashes(recipe, 1, 8, plan=plan)
-    assert global_hashes(recipe, 4, 8, num_workers=2, runner="process", resume_at=4, resume_world_size=2,
+    assert global_hashes(recipe, 4, 8, num_workers=2, runner=runner, resume_at=4, resume_world_size=2,
                          plan=plan) == reference
 
 
@@ -180,15 +181,16 @@ def test_text_hooks_run_on_workers_and_stay_elastic(make_recipe):
     one = build_loader(recipe, text_filter=_keep_long)
     filtered = [global_digest([next(one)]) for _ in range(4)]
     assert filtered != plain and one.metrics()["skipped_records"] > 0
-    ranks = [build_loader(recipe, rank=r, world_size=2, num_workers=1, runner="process", text_filter=_keep_long)
-             for r in range(2)]
-    try:
-        assert [global_digest([next(ld) for ld in ranks]) for _ in range(4)] == filtered
-    finally:
-        for ld in ranks:
-            ld.close()
-    with pytest.raises(ValueError, match="module-level function"):
-        build_loader(recipe, num_workers=1, runner="process", text_filter=lambda t: True)
+    for runner in ("pool", "process"):
+        ranks = [build_loader(recipe, rank=r, world_size=2, num_workers=1, runner=runner, text_filter=_keep_long)
+                 for r in range(2)]
+        try:
+            assert [global_digest([next(ld) for ld in ranks]) for _ in range(4)] == filtered, runner
+        finally:
+            for ld in ranks:
+                ld.close()
+        with pytest.raises(ValueError, match="module-level function"):
+            build_loader(recipe, num_workers=1, runner=runner, text_filter=lambda t: True)
 
 
 def test_metrics_after_a_resume_count_only_the_new_work(make_recipe):

@@ -193,7 +193,7 @@ def test_recipe_file_errors_name_the_file(tmp_path, sp_model):
 # -- Parquet ---------------------------------------------------------------------------------------
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("num_workers,runner", [(0, "thread"), (2, "thread"), (2, "process")])
+@pytest.mark.parametrize("num_workers,runner", [(0, "thread"), (2, "thread"), (2, "pool"), (2, "process")])
 def test_parquet_without_the_text_column(recipe_with, tmp_path, corpus_texts, num_workers, runner):
     path = tmp_path / "notext.parquet"
     write_parquet(path, {"id": list(range(40)), "body": corpus_texts[:40]})
@@ -353,9 +353,10 @@ def test_state_of_an_older_format_is_refused_with_the_fix(make_recipe):
     assert "version 1" in msg and "reads version 2" in msg and "start the run afresh" in msg
 
 
-def test_process_runner_in_a_script_without_main_guard(corpus, sp_model, tmp_path):
+@pytest.mark.parametrize("runner", ["pool", "process"])
+def test_process_runner_in_a_script_without_main_guard(corpus, sp_model, tmp_path, runner):
     """forkserver/spawn workers import the main module again; an unguarded script must get the fix,
-    not a bare 'exited with code 1'."""
+    not a bare 'exited with code 1' or BrokenProcessPool."""
     import subprocess
     import sys
 
@@ -363,7 +364,7 @@ def test_process_runner_in_a_script_without_main_guard(corpus, sp_model, tmp_pat
     script = tmp_path / "train.py"
     script.write_text("import json\nimport zephon\n"
                       f"recipe = zephon.recipe_from_dict(json.loads({json.dumps(json.dumps(recipe))}))\n"
-                      "loader = zephon.build_loader(recipe, rank=0, world_size=1, num_workers=1, runner='process')\n"
+                      f"loader = zephon.build_loader(recipe, rank=0, world_size=1, num_workers=1, runner={runner!r})\n"
                       "next(iter(loader))\n")
     root = str(Path(__file__).resolve().parents[1])
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}

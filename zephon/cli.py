@@ -345,8 +345,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="batches to stream (after the resumed step, with --resume; default: 100)")
     p.add_argument("--num-workers", type=_non_negative, default=0, metavar="K",
                    help="read/tokenize workers; 0 runs inline (default: 0). Changes speed, never the batches")
-    p.add_argument("--runner", choices=("thread", "process"), default="thread",
-                   help="worker kind when --num-workers > 0 (default: thread)")
+    p.add_argument("--runner", choices=("thread", "pool", "process"), default="thread",
+                   help="worker kind when --num-workers > 0: thread (read+tokenize on threads), pool (read+tokenize "
+                        "on a process pool) or process (whole lanes on processes); default: thread")
     p.add_argument("--save-state", metavar="PATH", help="write the loader state (JSON) here at the end")
     p.add_argument("--resume", metavar="PATH", action="append",
                    help="resume from a loader state file; repeat it to pass every rank's file of a "
@@ -370,7 +371,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also checkpoint after K steps and resume on the next world size of the list")
     p.add_argument("--num-workers", type=_int_list, default=[0], metavar="K1,K2,...",
                    help="worker counts to try for each world size (default: 0)")
-    p.add_argument("--runner", choices=("thread", "process"), default="thread",
+    p.add_argument("--runner", choices=("thread", "pool", "process"), default="thread",
                    help="worker kind for worker counts > 0 (default: thread)")
     p.set_defaults(func=cmd_verify)
 

@@ -12,9 +12,7 @@ rows that were computed ahead but not consumed.
 
 from __future__ import annotations
 
-import multiprocessing as mp
 import os
-import pickle
 import queue
 import traceback
 from dataclasses import asdict
@@ -24,7 +22,7 @@ from .nodes.items import LaneCounters, Row
 from .nodes.lane import Lane
 from .plan import WorkPlan
 from .recipe import Recipe
-from .runner import Runner, TextFilter, TextMap
+from .runner import Runner, TextFilter, TextMap, check_picklable, process_context
 
 
 class LocalLanes:
@@ -104,13 +102,8 @@ class ProcessLanes:
         self.num_workers = max(1, min(num_workers, len(self.lanes)))
         self.prefetch = max(1, prefetch)
         self.text_map, self.text_filter = text_map, text_filter
-        for name, hook in (("text_map", text_map), ("text_filter", text_filter)):
-            try:
-                pickle.dumps(hook)
-            except Exception as exc:
-                raise ValueError(f"{name}={hook!r} cannot be sent to worker processes ({exc}); with "
-                                 f"runner='process' pass a module-level function, or use runner='thread'.") from None
-        self._ctx = mp.get_context("forkserver" if "forkserver" in mp.get_all_start_methods() else "spawn")
+        check_picklable(text_map=text_map, text_filter=text_filter)
+        self._ctx = process_context()
         self._procs: list[Any] = []
         self._states: dict[int, dict] = {}
         self._counters: dict[int, LaneCounters] = {lane: LaneCounters() for lane in self.lanes}

@@ -81,7 +81,8 @@ class ZephonLoader:
             self._host = ProcessLanes(recipe, self.lanes, num_workers, prefetch or 4, text_map, text_filter)
         elif runner in RUNNERS:
             self._own_runner = True
-            self.runner = Runner(recipe, self.plan, num_workers, "thread", text_map, text_filter)
+            self.runner = Runner(recipe, self.plan, num_workers, "pool" if runner == "pool" else "thread",
+                                 text_map, text_filter)
             self._host = LocalLanes(recipe, self.plan, self.runner, self.lanes, prefetch or (2 if num_workers else 1))
         else:
             raise ValueError(f"runner must be one of {RUNNERS} (or a zephon Runner), got {runner!r}")
@@ -232,10 +233,12 @@ def build_loader(recipe: Recipe | str, rank: int | None = None, world_size: int 
 
     ``rank``/``world_size`` default to the data-parallel process group (``group``, or the default
     group) when ``torch.distributed`` is initialised, else to 0 of 1. ``runner="thread"``: read and
-    tokenize on ``num_workers`` threads (the rest in this process); ``runner="process"``: whole lanes
-    on ``num_workers`` processes (this process only collates). Either changes speed, never the
-    batches. ``prefetch``: chunks per source ahead (threads) or steps ahead (processes). ``text_map`` and
-    ``text_filter`` are per-document hooks run on the workers (module-level functions for processes).
+    tokenize on ``num_workers`` threads (the rest in this process); ``runner="pool"``: read and tokenize
+    on a pool of ``num_workers`` processes, every accumulator in this process; ``runner="process"``:
+    whole lanes on ``num_workers`` processes (this process only collates). None changes the batches,
+    only the speed. ``prefetch``: chunks per source ahead (thread, pool) or steps ahead (process).
+    ``text_map`` and ``text_filter`` are per-document hooks run on the workers (module-level functions
+    for pool and process).
     """
     if isinstance(recipe, str):
         recipe = load_recipe(recipe)

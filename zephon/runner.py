@@ -1,4 +1,4 @@
-"""Runners for the stateless work (read + tokenize a chunk): inline, threads or processes.
+"""Runners for the stateless work (read + tokenize a chunk): inline, threads or a process pool.
 
 Runners only change *where* a chunk is computed. Results come back through futures that each lane
 consumes in submission order (the reorder buffer in :mod:`zephon.nodes.chunks`), so no runner, worker
@@ -7,7 +7,11 @@ count or completion order can change what a lane sees.
 
 from __future__ import annotations
 
-from concurrent.futures import Future, ThreadPoolExecutor
+import multiprocessing as mp
+import os
+import pickle
+from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from typing import Callable, Optional
 
@@ -20,7 +24,7 @@ from .tokenizer import Tokenizer, load_tokenizer
 
 TextMap = Optional[Callable[[str], str]]
 TextFilter = Optional[Callable[[str], bool]]
-RUNNERS = ("thread", "process")
+RUNNERS = ("thread", "pool", "process")
 
 
 @dataclass
@@ -96,30 +100,92 @@ class _Deferred:
         return self._value
 
 
-class Runner:
-    """Submits chunk tasks to ``num_workers`` threads (0: inline and lazily, on ``result()``).
+_POOL_WORKER: "ChunkWorker | None" = None  # the ChunkWorker of this pool process
 
-    Whole lanes on processes are :class:`zephon.lane_hosts.ProcessLanes`; this runner is the
-    chunk-level parallelism inside one process (tokenizers release the GIL while they encode).
+
+def _pool_init(recipe: Recipe, text_map: TextMap, text_filter: TextFilter) -> None:
+    """Pool process start-up: one tokenizer and one set of readers per process, built once."""
+    global _POOL_WORKER
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    _POOL_WORKER = ChunkWorker(recipe, WorkPlan(recipe), text_map, text_filter)
+
+
+def _pool_run(task: ChunkTask) -> TokenizedChunk:
+    assert _POOL_WORKER is not None, "chunk pool process was not initialised"
+    return _POOL_WORKER(task)
+
+
+def check_picklable(**hooks: object) -> None:
+    """Raise a clear error if a per-document hook cannot be sent to worker processes."""
+    for name, hook in hooks.items():
+        try:
+            pickle.dumps(hook)
+        except Exception as exc:
+            raise ValueError(f"{name}={hook!r} cannot be sent to worker processes ({exc}); with a process "
+                             f"runner pass a module-level function, or use runner='thread'.") from None
+
+
+def process_context() -> mp.context.BaseContext:
+    """forkserver where the platform has it (no fork of a threaded trainer), else spawn."""
+    return mp.get_context("forkserver" if "forkserver" in mp.get_all_start_methods() else "spawn")
+
+
+POOL_DEATH = ("a Zephon chunk-pool process died without reporting an error. If it died at start-up, the "
+              "script that builds the loader most likely has no `if __name__ == \"__main__\":` guard (pool "
+              "processes start with forkserver/spawn and import the main module again): guard the script's "
+              "entry point, or use runner='thread'. Otherwise it was killed (out of memory? see dmesg).")
+
+
+class _PoolFuture:
+    """A pool future whose ``result()`` turns a dead pool into an error that says what to do."""
+
+    __slots__ = ("_future",)
+
+    def __init__(self, future: Future) -> None:
+        self._future = future
+
+    def result(self) -> TokenizedChunk:
+        try:
+            return self._future.result()
+        except BrokenProcessPool as exc:
+            raise RuntimeError(POOL_DEATH) from exc
+
+
+class Runner:
+    """Submits chunk tasks to ``num_workers`` workers (0: inline and lazily, on ``result()``).
+
+    ``kind="thread"``: worker threads of this process (tokenizers release the GIL while they encode).
+    ``kind="pool"``: a pool of worker processes that only read and tokenize; every lane's accumulators
+    (mix, shuffle, pack) stay in this process, behind the same reorder buffers. Whole lanes on
+    processes are :class:`zephon.lane_hosts.ProcessLanes` (``runner="process"`` in ``build_loader``).
     """
 
     def __init__(self, recipe: Recipe, plan: WorkPlan, num_workers: int = 0, kind: str = "thread",
                  text_map: TextMap = None, text_filter: TextFilter = None) -> None:
-        if kind != "thread":
-            raise ValueError(f"a chunk Runner runs threads; got kind={kind!r} (use runner='process' in "
-                             f"build_loader for worker processes)")
+        if kind not in ("thread", "pool"):
+            raise ValueError(f"a chunk Runner runs 'thread' or 'pool' workers; got kind={kind!r} (use "
+                             f"runner='process' in build_loader for whole lanes on worker processes)")
         if num_workers < 0:
             raise ValueError(f"num_workers must be >= 0, got {num_workers}")
         self.num_workers = num_workers
         self.kind = kind if num_workers else "inline"
         self._worker = ChunkWorker(recipe, plan, text_map, text_filter)
-        self._executor: ThreadPoolExecutor | None = None
-        if num_workers:
+        self._executor: ThreadPoolExecutor | ProcessPoolExecutor | None = None
+        if num_workers and kind == "thread":
             self._executor = ThreadPoolExecutor(num_workers, thread_name_prefix="zephon-chunk")
+        elif num_workers:
+            check_picklable(text_map=text_map, text_filter=text_filter)
+            self._executor = ProcessPoolExecutor(num_workers, mp_context=process_context(), initializer=_pool_init,
+                                                 initargs=(recipe, text_map, text_filter))
 
-    def submit(self, task: ChunkTask) -> "Future[TokenizedChunk] | _Deferred":
+    def submit(self, task: ChunkTask) -> "Future[TokenizedChunk] | _Deferred | _PoolFuture":
         if self._executor is None:
             return _Deferred(self._worker, task)
+        if self.kind == "pool":
+            try:
+                return _PoolFuture(self._executor.submit(_pool_run, task))
+            except BrokenProcessPool as exc:
+                raise RuntimeError(POOL_DEATH) from exc
         return self._executor.submit(self._worker, task)
 
     def close(self) -> None:

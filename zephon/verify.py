@@ -24,8 +24,11 @@ def _loaders(recipe: Recipe, world_size: int, plan: WorkPlan, runner: Runner | s
 
 
 def _pool(recipe: Recipe, plan: WorkPlan, num_workers: int, runner: str) -> Runner | None:
-    """One thread runner shared by all ranks of the simulation (process runners are per loader)."""
-    return Runner(recipe, plan, num_workers) if runner == "thread" or num_workers == 0 else None
+    """One chunk runner (threads or a process pool) shared by all ranks of the simulation; whole-lane
+    process runners (``runner="process"``) belong to each loader."""
+    if num_workers == 0 or runner == "thread":
+        return Runner(recipe, plan, num_workers)
+    return Runner(recipe, plan, num_workers, "pool") if runner == "pool" else None
 
 
 def global_hashes(recipe: Recipe, world_size: int, steps: int, num_workers: int = 0, runner: str = "thread",

@@ -31,9 +31,9 @@ from __future__ import annotations
 
 import argparse
 import fnmatch
+import itertools
 import json
 import sys
-import time
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -171,8 +171,6 @@ def build(kind: str, fetch: Path, params: dict, holder: dict):
 
     tok_path = str(fetch / "wordlevel.json")
     if kind == "plain_loop":
-        import itertools
-
         import pyarrow.parquet as pq
         from tokenizers import Tokenizer
 
@@ -212,8 +210,6 @@ def build(kind: str, fetch: Path, params: dict, holder: dict):
 
         return gen_g(), (lambda: getattr(it, "close", lambda: None)())
     if kind == "torchdata":
-        import itertools
-
         from torchdata.nodes import Batcher, IterableWrapper, Loader, Mapper, ParallelMapper
 
         from _pipelines import shutdown_parallel_mapper

@@ -293,7 +293,7 @@ def study_memory(args, recipe_path: Path) -> list[dict]:
                                                                      f"{args.runner})")]
     if long:
         marks = long[0]["marks"]  # (step, seconds, RSS of the process tree in MB) at every tenth of the run
-        print(f"\nlong run, RSS of the process tree (MB) at every tenth of the run: "
+        print("\nlong run, RSS of the process tree (MB) at every tenth of the run: "
               + ", ".join(f"{s}:{mb:,.0f}" for s, _, mb in marks))
         if len(marks) >= 6:
             early = max(mb for _, _, mb in marks[1:len(marks) // 2])

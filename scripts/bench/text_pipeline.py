@@ -22,8 +22,8 @@ takes ``--warmup`` batches untimed (the first one's time, construction included,
 first batch), then times ``--repeats`` consecutive windows of ``--steps`` batches; tokens/s = steps x 32 x
 2048 / seconds (padding included), median window. ``--fresh`` rebuilds and re-warms the pipeline for each
 repeat instead (independent runs). The warm-up must outlast every pipeline's start-up backlog: Zephon's
-32 lanes each tokenize one 256-row chunk (two with workers) before the first batch, 40-80 batches of
-work that later batches consume for free; with too short a warm-up the first window looks several times
+32 lanes each fill up to 16 best-fit rows and have one or two 64-row chunks in flight before the first
+batch, ~16 batches of work that later batches consume for free; with too short a warm-up the first window looks several times
 faster than the pipeline can sustain (the per-batch arrival times are in the --json output as ``trace``;
 rows whose windows differ by more than 1.5x are marked noisy).
 Peak RSS: the subprocess and all its descendants, summed, sampled every 0.1 s over its whole life.
@@ -50,6 +50,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import _targets  # noqa: E402
 from _common import (  # noqa: E402
     fmt_table, machine_info, measure_stream, require_data, run_task, task_main,
 )
@@ -75,7 +76,7 @@ def all_configs() -> list[dict[str, Any]]:
     for algo in ("best_fit", "wrap"):
         cfgs.append({"name": f"zephon_{algo}_0_inline", "kind": "zephon", "workers": 0, "runner": "inline",
                      "params": {"algorithm": algo, "workers": 0, "runner": "thread"}})
-        for runner in ("thread", "process"):
+        for runner in ("thread", "pool", "process"):
             for w in (1, 2):
                 cfgs.append({"name": f"zephon_{algo}_{w}_{runner}", "kind": "zephon", "workers": w,
                              "runner": runner, "params": {"algorithm": algo, "workers": w, "runner": runner}})
@@ -194,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=32, help="timed batches per window (default 32)")
     ap.add_argument("--warmup", type=int, default=96,
                     help="untimed batches first, the first included (default 96: Zephon's 32 lanes start with "
-                         "one or two 256-row chunks each tokenized ahead, 30-90 batches of backlog); "
+                         "16 best-fit rows and one or two 64-row chunks each, ~16 batches of backlog); "
                          "tokenizer_alone, which has no backlog, warms up on min(this, 4) batches' worth")
     ap.add_argument("--repeats", type=int, default=3, help="timed windows per configuration; the median is reported")
     ap.add_argument("--fresh", action="store_true",
@@ -276,10 +277,15 @@ def main(argv: list[str] | None = None) -> int:
         code = 1
     elif zephon_failed:
         code = 2
+    targets = _targets.target_report(per_cfg)
+    if targets:
+        print("\n# issue 3 targets, ratios taken inside each round (see scripts/bench/_targets.py)")
+        for line in targets:
+            print(line)
     print(f"\ntotal {time.perf_counter() - t_all:.0f}s")
     if args.json:
         out = {"machine": info, "args": vars(args), "batch": batch, "seq_len": seq_len, "manifest": manifest,
-               "results": results, "exit_code": code}
+               "results": results, "targets": targets, "exit_code": code}
         Path(args.json).write_text(json.dumps(out, indent=1))
         print(f"wrote {args.json}")
     return code

@@ -40,10 +40,11 @@ def add_zephon_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                         "training recipe). Without it, pass --eval-iters 0.")
     g.add_argument("--zephon-num-workers", type=int, default=2,
                    help="Zephon read/tokenize workers per data-reading rank (speed only, never the batches).")
-    g.add_argument("--zephon-runner", choices=("thread", "process"), default="thread",
-                   help="thread: workers are threads; process: whole lanes on worker processes.")
+    g.add_argument("--zephon-runner", choices=("thread", "pool", "process"), default="thread",
+                   help="thread: read+tokenize on threads; pool: read+tokenize on a process pool; "
+                        "process: whole lanes on worker processes.")
     g.add_argument("--zephon-prefetch", type=int, default=None,
-                   help="Zephon prefetch depth (chunks per source for threads, steps for processes).")
+                   help="Zephon prefetch depth (chunks per source for thread/pool, steps for process).")
     g.add_argument("--zephon-cu-seqlens", action="store_true",
                    help="Add cu_seqlens (int32 [1, n+1] document boundaries) to every micro-batch, for "
                         "Megatron-LM versions whose get_batch reads it (packed sequences, THD). "

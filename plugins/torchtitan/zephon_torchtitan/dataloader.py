@@ -193,11 +193,12 @@ class ZephonDataLoader(BaseDataLoader):
         num_workers: int = 0
         """Zephon read+tokenize workers per rank (speed only: batches are identical for any count)."""
 
-        runner: Literal["thread", "process"] = "thread"
-        """Where the workers run: threads, or processes holding whole lanes (speed only)."""
+        runner: Literal["thread", "pool", "process"] = "thread"
+        """Where the workers run: threads, a process pool for read+tokenize, or processes holding whole
+        lanes (speed only)."""
 
         prefetch: int | None = None
-        """Chunks per source ahead (threads) or steps ahead (processes); default Zephon's."""
+        """Chunks per source ahead (thread, pool) or steps ahead (process); default Zephon's."""
 
         infinite: bool = True
         """Zephon sources repeat (in new orders) forever. False (the validator sets it when

@@ -1,0 +1,306 @@
+#!/usr/bin/env python
+"""The text pipeline benchmark under time-slicing: every configuration sees the same machine.
+
+Why: on this shared VM the same CPU-bound loop (the tokenizer on the same 256 documents) ran anywhere
+between 377k and 710k tok/s from one second to the next (``--noise`` shows it). Configurations measured
+one after another, even in interleaved rounds, then differ by more than their real difference.
+
+How: every configuration of text_pipeline.py starts in its own process group, warms up alone
+(``--warmup`` batches; Zephon hashes these to check that all its configurations agree) and is frozen
+with SIGSTOP. Then passes run: in each pass every configuration, in a fresh random order, is thawed
+(SIGCONT) for ``--slice`` seconds while all others stay frozen, and the tokens it delivered in that slice
+are read from a shared counter. A slow spell of the machine is thus spread over all configurations
+alike. Reported per configuration: tokens over all its slices / its running time, and, for the issue's
+targets, the median over passes of per-pass ratios (scripts/bench/_targets.py).
+
+Freezing a configuration freezes its worker processes and threads too (one process group), so its
+read-ahead does not grow while others run. All configurations stay in memory at once (about 0.3-1 GB
+each); use --only to run fewer.
+
+    python scripts/bench/sliced.py --data bench_data --passes 12 --slice 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import fnmatch
+import json
+import mmap
+import os
+import random
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import _targets  # noqa: E402
+from _common import HERE, REPO, SINGLE_THREAD_ENV, fmt_table, machine_info, require_data  # noqa: E402
+
+# counter file layout, int64 each: tokens delivered, batches delivered, ready flag, stop flag
+TOKENS, BATCHES, READY, STOP = range(4)
+
+
+# -- the child ---------------------------------------------------------------------------------------
+def _tokenizer_alone_batches(data: Path, tokens_per_batch: int):
+    """The tokenizer-alone ceiling as a stream of 'batches': encode_batch_fast, 256 documents a call."""
+    from tokenizers import Tokenizer
+
+    import _pipelines
+
+    texts = _pipelines.load_texts(data, min_chars=60_000_000)
+    tok = Tokenizer.from_file(str(data / "tokenizer.json"))
+    pos, have = 0, 0
+    while True:
+        if pos >= len(texts):
+            pos = 0
+        ids = [e.ids for e in tok.encode_batch_fast(texts[pos:pos + 256], add_special_tokens=False)]
+        pos += 256
+        have += sum(map(len, ids)) + len(ids)
+        while have >= tokens_per_batch:
+            have -= tokens_per_batch
+            yield None
+
+
+def child(task: dict[str, Any]) -> None:
+    import numpy as np
+
+    import _pipelines
+
+    data, cfg, batch, seq_len = Path(task["data"]), task["config"], task["batch"], task["seq_len"]
+    fd = os.open(task["counter"], os.O_RDWR)
+    counter = np.frombuffer(mmap.mmap(fd, 32), dtype=np.int64)
+    result: dict[str, Any] = {"name": cfg["name"], "digests": []}
+    try:
+        if cfg["kind"] == "tokenizer_alone":
+            it, close = _tokenizer_alone_batches(data, batch * seq_len), (lambda: None)
+        else:
+            it, close, _ = _pipelines.BUILDERS[cfg["kind"]](data, batch, seq_len, **cfg.get("params", {}))
+            it = iter(it)
+        digest = None
+        if cfg["kind"] == "zephon":
+            import zephon
+            digest = zephon.batch_digest
+        t0 = time.perf_counter()
+        for i in range(task["warmup"]):
+            b = next(it)
+            if i == 0:
+                result["first_batch_s"] = time.perf_counter() - t0
+            if digest is not None:
+                result["digests"].append(digest(b))
+        counter[READY] = 1
+        tokens = batch * seq_len
+        while not counter[STOP]:
+            next(it)
+            counter[TOKENS] += tokens
+            counter[BATCHES] += 1
+        close()
+        result["ok"] = True
+    except BaseException as exc:  # noqa: BLE001 - reported to the parent
+        import traceback
+        result.update(ok=False, error=f"{type(exc).__name__}: {exc}"[:600], traceback=traceback.format_exc())
+        counter[READY] = -1
+    Path(task["out"]).write_text(json.dumps(result))
+    sys.stdout.flush()
+    os._exit(0)
+
+
+# -- the parent --------------------------------------------------------------------------------------
+class Slot:
+    """One configuration's frozen process group and its shared counter."""
+
+    def __init__(self, cfg: dict[str, Any], task: dict[str, Any], tmp: Path) -> None:
+        self.cfg, self.name = cfg, cfg["name"]
+        self.counter_path, self.out = tmp / f"{self.name}.counter", tmp / f"{self.name}.json"
+        self.counter_path.write_bytes(b"\0" * 32)
+        import numpy as np
+        self._fd = os.open(self.counter_path, os.O_RDWR)
+        self.counter = np.frombuffer(mmap.mmap(self._fd, 32), dtype=np.int64)
+        env = {**os.environ, **SINGLE_THREAD_ENV}
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(HERE), str(REPO), env.get("PYTHONPATH", "")]))
+        task = {**task, "config": cfg, "counter": str(self.counter_path), "out": str(self.out)}
+        self.log = open(tmp / f"{self.name}.log", "wb")
+        self.proc = subprocess.Popen([sys.executable, __file__, "--_slice", json.dumps(task)], env=env,
+                                     cwd=str(REPO), stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
+        self.slices: list[tuple[float, int]] = []  # (seconds, tokens) per slice
+        self.error: str | None = None
+
+    def wait_ready(self, timeout: float) -> bool:
+        t = time.perf_counter()
+        while self.counter[READY] == 0 and self.proc.poll() is None and time.perf_counter() - t < timeout:
+            time.sleep(0.05)
+        if self.counter[READY] != 1:
+            self.error = "failed during warm-up" if self.proc.poll() is not None or self.counter[READY] < 0 else "warm-up timed out"
+            return False
+        self.freeze()
+        return True
+
+    def freeze(self) -> None:
+        os.killpg(self.proc.pid, signal.SIGSTOP)
+
+    def thaw(self) -> None:
+        os.killpg(self.proc.pid, signal.SIGCONT)
+
+    def run_slice(self, seconds: float) -> float:
+        before = int(self.counter[TOKENS])
+        t = time.perf_counter()
+        self.thaw()
+        time.sleep(seconds)
+        self.freeze()
+        dt = time.perf_counter() - t
+        time.sleep(0.02)  # let the stop land before reading the counter
+        self.slices.append((dt, int(self.counter[TOKENS]) - before))
+        return self.slices[-1][1] / dt
+
+    def finish(self) -> dict[str, Any]:
+        self.counter[STOP] = 1
+        if self.proc.poll() is None:
+            self.thaw()
+            try:
+                self.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                pass
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        self.log.close()
+        res = json.loads(self.out.read_text()) if self.out.exists() else {"ok": False}
+        if self.error:
+            res["ok"] = False
+            res.setdefault("error", self.error)
+        if not res.get("ok") and "error" not in res:
+            res["error"] = "no result; see the log"
+        return res
+
+
+def noise(seconds: float) -> list[float]:
+    """The same CPU-bound work (tokenize the same 256 documents) per 1 s, for ``seconds``."""
+    from tokenizers import Tokenizer
+
+    import _pipelines
+    data = Path(os.environ.get("ZEPHON_BENCH_DATA", "bench_data"))
+    texts = _pipelines.load_texts(data, min_chars=2_000_000)[:256]
+    tok = Tokenizer.from_file(str(data / "tokenizer.json"))
+    rates, end = [], time.time() + seconds
+    while time.time() < end:
+        t, n = time.perf_counter(), 0
+        while time.perf_counter() - t < 1.0:
+            n += sum(len(e.ids) for e in tok.encode_batch_fast(texts, add_special_tokens=False))
+        rates.append(n / (time.perf_counter() - t))
+    return rates
+
+
+def main(argv: list[str] | None = None) -> int:
+    import text_pipeline
+
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--data", default="bench_data")
+    ap.add_argument("--warmup", type=int, default=64, help="batches each configuration runs alone first (hashed)")
+    ap.add_argument("--passes", type=int, default=12, help="time slices per configuration")
+    ap.add_argument("--slice", type=float, default=2.0, help="seconds per slice")
+    ap.add_argument("--only", default="", help="comma-separated names or globs (see text_pipeline.py --list)")
+    ap.add_argument("--seed", type=int, default=0, help="seed of the per-pass slice order")
+    ap.add_argument("--noise", type=float, default=0, help="only measure the machine's noise for this many seconds")
+    ap.add_argument("--json", default="")
+    args = ap.parse_args(argv)
+    data = Path(args.data).resolve()
+    require_data(data)
+    if args.noise:
+        os.environ["ZEPHON_BENCH_DATA"] = str(data)
+        rates = noise(args.noise)
+        print("tokenizer on the same 256 documents, k tok/s per second: " + " ".join(f"{r / 1e3:.0f}" for r in rates))
+        print(f"min {min(rates) / 1e3:.0f}k, median {statistics.median(rates) / 1e3:.0f}k, max {max(rates) / 1e3:.0f}k")
+        return 0
+    cfgs = text_pipeline.all_configs()
+    if args.only:
+        pats = [p.strip() for p in args.only.split(",") if p.strip()]
+        cfgs = [c for c in cfgs if any(fnmatch.fnmatchcase(c["name"], p) for p in pats)]
+        cfgs += [c for c in text_pipeline.extra_configs() if c["name"] in pats]  # extras named exactly
+    import zephon
+    recipe = zephon.load_recipe(data / "recipe.toml")
+    batch, seq_len = recipe.global_batch_size, recipe.seq_len
+    task = {"data": str(data), "batch": batch, "seq_len": seq_len, "warmup": args.warmup}
+    print(f"# sliced text pipeline: [{batch}, {seq_len}], {len(cfgs)} configurations, warm-up {args.warmup} "
+          f"batches alone, then {args.passes} passes x {args.slice:g} s slices in random order")
+    print(f"# machine: {machine_info()}", flush=True)
+    t_all = time.perf_counter()
+    rng = random.Random(args.seed)
+    with tempfile.TemporaryDirectory(prefix="zephon-sliced-") as tmp:
+        slots: list[Slot] = []
+        try:
+            for cfg in cfgs:
+                slot = Slot(cfg, task, Path(tmp))
+                ok = slot.wait_ready(timeout=600)
+                print(f"[{time.perf_counter() - t_all:5.0f}s] warmed up {slot.name:<28} "
+                      f"{'ok' if ok else slot.error}", flush=True)
+                slots.append(slot)
+            live = [s for s in slots if s.error is None]
+            per_pass: list[dict[str, float]] = []
+            for p in range(args.passes):
+                order = live[:]
+                rng.shuffle(order)
+                per_pass.append({s.name: s.run_slice(args.slice) for s in order})
+                print(f"[{time.perf_counter() - t_all:5.0f}s] pass {p + 1}/{args.passes}", flush=True)
+        finally:
+            results = {s.name: s.finish() for s in slots}
+    return report(cfgs, slots, results, per_pass, args, time.perf_counter() - t_all)
+
+
+def report(cfgs, slots, results, per_pass, args, total_s) -> int:
+    rows, out = [], {}
+    ref = {s.name: sum(t for _, t in s.slices) / max(1e-9, sum(d for d, _ in s.slices)) for s in slots if s.slices}
+    base = ref.get("tokenizer_alone")
+    for s in slots:
+        r = results[s.name]
+        if not r.get("ok") or not s.slices:
+            rows.append([s.name, "FAILED", "", "", "", (r.get("error") or "")[:100]])
+            continue
+        rates = [t / d for d, t in s.slices]
+        q = statistics.quantiles(rates, n=4) if len(rates) >= 2 else [rates[0]] * 3
+        rows.append([s.name, f"{ref[s.name] / 1e3:,.0f}", f"{ref[s.name] / base:.2f}" if base else "-",
+                     f"{q[0] / 1e3:,.0f}-{q[2] / 1e3:,.0f}", f"{r.get('first_batch_s', 0):.1f}", ""])
+        out[s.name] = {"tokens_per_s": ref[s.name], "slice_tokens_per_s": rates,
+                       "first_batch_s": r.get("first_batch_s"), "digests": r.get("digests")}
+    print()
+    print(fmt_table(["config", "k tok/s (all slices)", "x tokenizer_alone", "slice IQR k tok/s", "1st batch s",
+                     "error"], rows, align="lrrrrl"))
+    # determinism: every Zephon configuration of one pack algorithm hashed the same warm-up batches
+    code = 0
+    groups: dict[str, list[str]] = {}
+    for c in cfgs:
+        if c["kind"] == "zephon" and results.get(c["name"], {}).get("ok"):
+            groups.setdefault(c["params"]["algorithm"], []).append(c["name"])
+    print()
+    for algo, names in groups.items():
+        digests = {n: results[n]["digests"] for n in names}
+        bad = [n for n in names if digests[n] != digests[names[0]]]
+        if bad:
+            code = 1
+            print(f"HASH MISMATCH [{algo}]: {', '.join(bad)} differ from {names[0]}")
+        else:
+            print(f"zephon {algo}: {len(names)} configurations agree on all {len(digests[names[0]])} warm-up batch SHA-256s")
+    if any(c["kind"] == "zephon" and not results.get(c["name"], {}).get("ok") for c in cfgs):
+        code = code or 2
+    per_cfg = {s.name: [{"ok": True, "tokens_per_s": pp[s.name]} for pp in per_pass if s.name in pp] for s in slots}
+    targets = _targets.target_report(per_cfg)
+    print("\n# issue 3 targets, ratios taken inside each pass (passes play the role of rounds)")
+    for line in targets:
+        print(line)
+    print(f"\ntotal {total_s:.0f}s")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"args": vars(args), "machine": machine_info(), "results": out,
+                                               "per_pass": per_pass, "targets": targets, "exit_code": code}, indent=1))
+        print(f"wrote {args.json}")
+    return code
+
+
+if __name__ == "__main__":
+    if "--_slice" in sys.argv:
+        child(json.loads(sys.argv[sys.argv.index("--_slice") + 1]))
+    sys.exit(main())
