@@ -84,9 +84,12 @@ def all_configs() -> list[dict[str, Any]]:
 
 
 def extra_configs() -> list[dict[str, Any]]:
-    """Not run by default (--extra): Grain with read threads instead of processes."""
+    """Not run by default (--extra): Grain with read threads instead of processes; Zephon's 2-worker
+    thread and pool runners with 4 chunks per source in flight instead of 2."""
     return [{"name": f"grain_{p}_0_t{t}", "kind": "grain", "workers": 0, "runner": f"{t} threads",
-             "params": {"packing": p, "workers": 0, "read_threads": t}} for p in ("concat", "firstfit") for t in (2,)]
+             "params": {"packing": p, "workers": 0, "read_threads": t}} for p in ("concat", "firstfit") for t in (2,)] + \
+           [{"name": f"zephon_best_fit_2_{r}_prefetch4", "kind": "zephon", "workers": 2, "runner": r,
+             "params": {"algorithm": "best_fit", "workers": 2, "runner": r, "prefetch": 4}} for r in ("thread", "pool")]
 
 
 # -- the child ---------------------------------------------------------------------------------------
