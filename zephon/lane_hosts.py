@@ -22,7 +22,7 @@ from .nodes.items import LaneCounters, Row
 from .nodes.lane import Lane
 from .plan import WorkPlan
 from .recipe import Recipe
-from .runner import Runner, TextFilter, TextMap, check_picklable, process_context
+from .runner import MAIN_GUARD_HINT, Runner, TextFilter, TextMap, check_picklable, process_context
 
 
 class LocalLanes:
@@ -87,10 +87,8 @@ def _worker_death(k: int, pid: int, code: int | None) -> str:
     head = f"Zephon lane worker {k} (pid {pid}) exited with code {code} without reporting an error"
     if code is not None and code < 0:
         return f"{head}: it was killed by signal {-code} (out of memory? see dmesg)."
-    return (f"{head}, so it failed while starting, before Zephon's code ran (its traceback is on stderr). "
-            "Most often the script that builds the loader has no `if __name__ == \"__main__\":` guard: "
-            "worker processes start with forkserver/spawn and import the main module again. Guard the "
-            "script's entry point, or use runner='thread'.")
+    return f"{head}, so it failed while starting, before Zephon's code ran (its traceback is on stderr). " \
+        + MAIN_GUARD_HINT
 
 
 class ProcessLanes:

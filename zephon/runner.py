@@ -130,10 +130,11 @@ def process_context() -> mp.context.BaseContext:
     return mp.get_context("forkserver" if "forkserver" in mp.get_all_start_methods() else "spawn")
 
 
-POOL_DEATH = ("a Zephon chunk-pool process died without reporting an error. If it died at start-up, the "
-              "script that builds the loader most likely has no `if __name__ == \"__main__\":` guard (pool "
-              "processes start with forkserver/spawn and import the main module again): guard the script's "
-              "entry point, or use runner='thread'. Otherwise it was killed (out of memory? see dmesg).")
+MAIN_GUARD_HINT = ("Most often the script that builds the loader has no `if __name__ == \"__main__\":` guard: "
+                   "worker processes start with forkserver/spawn and import the main module again. Guard the "
+                   "script's entry point, or use runner='thread'.")
+POOL_DEATH = ("a Zephon chunk-pool process died without reporting an error, at start-up or killed (out of "
+              "memory? see dmesg). " + MAIN_GUARD_HINT)
 
 
 class _PoolFuture:

@@ -64,6 +64,13 @@ def _tree_rss(proc) -> tuple[int, int]:
     return total, n
 
 
+def child_env(extra_env: dict[str, str] | None = None) -> dict[str, str]:
+    """Environment of a measured child: single-threaded tokenizer/BLAS, scripts/bench and the repo importable."""
+    env = {**os.environ, **SINGLE_THREAD_ENV, **(extra_env or {})}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(HERE), str(REPO), env.get("PYTHONPATH", "")]))
+    return env
+
+
 def run_task(script: Path, task: dict[str, Any], timeout: float, interval: float = 0.1,
              extra_env: dict[str, str] | None = None) -> dict[str, Any]:
     """Run ``script --_task <json>`` in a subprocess; returns its result dict plus memory figures.
@@ -74,8 +81,7 @@ def run_task(script: Path, task: dict[str, Any], timeout: float, interval: float
     """
     import psutil
 
-    env = {**os.environ, **SINGLE_THREAD_ENV, **(extra_env or {})}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(HERE), str(REPO), env.get("PYTHONPATH", "")]))
+    env = child_env(extra_env)
     with tempfile.TemporaryDirectory(prefix="zephon-bench-") as tmp:
         out_path = Path(tmp) / "result.json"
         log_path = Path(tmp) / "output.log"

@@ -40,10 +40,19 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _targets  # noqa: E402
-from _common import HERE, REPO, SINGLE_THREAD_ENV, fmt_table, machine_info, require_data  # noqa: E402
+from _common import REPO, child_env, fmt_table, machine_info, require_data  # noqa: E402
 
-# counter file layout, int64 each: tokens delivered, batches delivered, ready flag, stop flag
-TOKENS, BATCHES, READY, STOP = range(4)
+# counter file layout, int64 each: tokens delivered, ready flag (1 ready, -1 failed), stop flag
+TOKENS, READY, STOP = range(3)
+COUNTER_BYTES = 24
+
+
+def _counter(path: str | Path):
+    """The shared int64 counters in ``path``, as a writable numpy view of an mmap."""
+    import numpy as np
+
+    fd = os.open(path, os.O_RDWR)
+    return np.frombuffer(mmap.mmap(fd, COUNTER_BYTES), dtype=np.int64)
 
 
 # -- the child ---------------------------------------------------------------------------------------
@@ -68,13 +77,10 @@ def _tokenizer_alone_batches(data: Path, tokens_per_batch: int):
 
 
 def child(task: dict[str, Any]) -> None:
-    import numpy as np
-
     import _pipelines
 
     data, cfg, batch, seq_len = Path(task["data"]), task["config"], task["batch"], task["seq_len"]
-    fd = os.open(task["counter"], os.O_RDWR)
-    counter = np.frombuffer(mmap.mmap(fd, 32), dtype=np.int64)
+    counter = _counter(task["counter"])
     result: dict[str, Any] = {"name": cfg["name"], "digests": []}
     try:
         if cfg["kind"] == "tokenizer_alone":
@@ -98,7 +104,6 @@ def child(task: dict[str, Any]) -> None:
         while not counter[STOP]:
             next(it)
             counter[TOKENS] += tokens
-            counter[BATCHES] += 1
         close()
         result["ok"] = True
     except BaseException as exc:  # noqa: BLE001 - reported to the parent
@@ -117,12 +122,9 @@ class Slot:
     def __init__(self, cfg: dict[str, Any], task: dict[str, Any], tmp: Path) -> None:
         self.cfg, self.name = cfg, cfg["name"]
         self.counter_path, self.out = tmp / f"{self.name}.counter", tmp / f"{self.name}.json"
-        self.counter_path.write_bytes(b"\0" * 32)
-        import numpy as np
-        self._fd = os.open(self.counter_path, os.O_RDWR)
-        self.counter = np.frombuffer(mmap.mmap(self._fd, 32), dtype=np.int64)
-        env = {**os.environ, **SINGLE_THREAD_ENV}
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(HERE), str(REPO), env.get("PYTHONPATH", "")]))
+        self.counter_path.write_bytes(b"\0" * COUNTER_BYTES)
+        self.counter = _counter(self.counter_path)
+        env = child_env()
         task = {**task, "config": cfg, "counter": str(self.counter_path), "out": str(self.out)}
         self.log = open(tmp / f"{self.name}.log", "wb")
         self.proc = subprocess.Popen([sys.executable, __file__, "--_slice", json.dumps(task)], env=env,
@@ -271,22 +273,12 @@ def report(cfgs, slots, results, per_pass, args, total_s) -> int:
     print(fmt_table(["config", "k tok/s (all slices)", "x tokenizer_alone", "slice IQR k tok/s", "1st batch s",
                      "error"], rows, align="lrrrrl"))
     # determinism: every Zephon configuration of one pack algorithm hashed the same warm-up batches
-    code = 0
-    groups: dict[str, list[str]] = {}
-    for c in cfgs:
-        if c["kind"] == "zephon" and results.get(c["name"], {}).get("ok"):
-            groups.setdefault(c["params"]["algorithm"], []).append(c["name"])
+    import text_pipeline
+    lines, mismatch, zephon_failed = text_pipeline.zephon_hash_check({c["name"]: {**c, **results[c["name"]]}
+                                                                     for c in cfgs if c["name"] in results})
     print()
-    for algo, names in groups.items():
-        digests = {n: results[n]["digests"] for n in names}
-        bad = [n for n in names if digests[n] != digests[names[0]]]
-        if bad:
-            code = 1
-            print(f"HASH MISMATCH [{algo}]: {', '.join(bad)} differ from {names[0]}")
-        else:
-            print(f"zephon {algo}: {len(names)} configurations agree on all {len(digests[names[0]])} warm-up batch SHA-256s")
-    if any(c["kind"] == "zephon" and not results.get(c["name"], {}).get("ok") for c in cfgs):
-        code = code or 2
+    print("\n".join(lines))
+    code = 1 if mismatch else 2 if zephon_failed else 0
     per_cfg = {s.name: [{"ok": True, "tokens_per_s": pp[s.name]} for pp in per_pass if s.name in pp] for s in slots}
     targets = _targets.target_report(per_cfg)
     print("\n# issue 3 targets, ratios taken inside each pass (passes play the role of rounds)")
