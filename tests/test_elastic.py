@@ -8,6 +8,8 @@ were mixed), so that a recipe too small to exercise it cannot pass vacuously.
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 
 from zephon import WorkPlan, build_loader, global_digest, merge_states
@@ -215,3 +217,23 @@ def test_metrics_after_a_resume_count_only_the_new_work(make_recipe):
     got = resumed.metrics()
     assert {k: got[k] for k in keys} == {k: at_sk[k] - at_s[k] for k in keys}
     assert got["flushes"] > 0 and got["docs"] > 0
+
+
+def _refuse_main_thread(text: str) -> bool:
+    if threading.current_thread() is threading.main_thread():
+        raise RuntimeError("a chunk was tokenized on a main thread")
+    return True
+
+
+@pytest.mark.parametrize("runner,workers", [("thread", 0), ("thread", 1), ("pool", 1), ("process", 1)])
+def test_chunks_are_never_computed_on_a_main_thread(make_recipe, runner, workers):
+    """Every runner reads and tokenizes off the main thread of whichever process does the work (the
+    trainer inline, a pool or lane process): glibc serves main threads from its slower main malloc arena
+    (zephon.runner.run_off_main_thread). The hook runs where the tokenizer runs, and refuses a main thread."""
+    recipe = make_recipe(lanes=4)
+    expected = global_hashes(recipe, 1, 3)
+    loader = build_loader(recipe, num_workers=workers, runner=runner, text_filter=_refuse_main_thread)
+    try:
+        assert [global_digest([next(loader)]) for _ in range(3)] == expected
+    finally:
+        loader.close()

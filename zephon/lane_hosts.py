@@ -5,6 +5,7 @@ anywhere. :class:`LocalLanes` runs them in the calling process (stateless chunk 
 worker threads). :class:`ProcessLanes` places whole lanes, accumulators included, on ``num_workers``
 processes (lane ``i`` of this rank on worker ``i % num_workers``), so that independent lanes'
 read, tokenize, mix and pack all run in parallel and the trainer's process only collates rows.
+Inside a worker, one thread reads and tokenizes the next chunks while the main thread mixes and packs.
 Each worker computes ahead into a bounded queue; the host reads the queues in lane order and keeps,
 for each lane, the state that goes with the last step it *delivered*, so a checkpoint never counts
 rows that were computed ahead but not consumed.
@@ -54,11 +55,14 @@ def _lane_worker(recipe: Recipe, lanes: list[int], states: dict[int, dict], out:
                  text_map: TextMap, text_filter: TextFilter) -> None:
     """Worker process: run ``lanes`` step after step, putting (lane, rows, state, counters) on ``out``."""
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    runner = None
     try:
         import torch
         torch.set_num_threads(1)
         plan = WorkPlan(recipe)
-        runner = Runner(recipe, plan, 0, "thread", text_map, text_filter)
+        # one tokenizer thread per lane process, one chunk ahead per (lane, source): this process's main
+        # thread mixes and packs while the next chunks tokenize, as the trainer does with runner="thread"
+        runner = Runner(recipe, plan, 1, "thread", text_map, text_filter)
         nodes = [Lane(recipe, plan, runner, lane, 1) for lane in lanes]
         for node in nodes:
             node.reset(states.get(node.lane))
@@ -80,6 +84,9 @@ def _lane_worker(recipe: Recipe, lanes: list[int], states: dict[int, dict], out:
             out.put(("error", exc, traceback.format_exc()), timeout=5)
         except BaseException:
             out.put(("error", RuntimeError(str(exc)), traceback.format_exc()), timeout=5)
+    finally:
+        if runner is not None:
+            runner.close()
 
 
 def _worker_death(k: int, pid: int, code: int | None) -> str:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import pickle
+import threading
 from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
@@ -85,6 +86,29 @@ class ChunkWorker:
                               raw.end_cursor, len(texts), len(texts) - (len(offsets) - 1))
 
 
+# -- the tokenizer off the main thread ----------------------------------------------------------------
+# glibc serves a process's main thread from its main (brk) malloc arena and every other thread from an
+# arena of its own. The tokenizers' per-call allocations run ~15-20% slower on the main arena, on the same
+# documents and the same tokenizer object (BENCHMARKS.md section 6: paired per-chunk CPU time, and
+# MALLOC_ARENA_MAX=1 making worker threads just as slow). So wherever a chunk would be computed on a main
+# thread (inline runner, pool processes, lane processes), it is handed to one helper thread and waited
+# for: the same work, one thread busy at a time, no work ahead.
+_HELPER: "tuple[int, ThreadPoolExecutor] | None" = None  # (pid, executor): a forked child makes its own
+_HELPER_LOCK = threading.Lock()
+
+
+def run_off_main_thread(fn: Callable[[object], TokenizedChunk], arg: object) -> TokenizedChunk:
+    """``fn(arg)``, computed on this process's chunk helper thread if called from the main thread."""
+    global _HELPER
+    if threading.current_thread() is not threading.main_thread():
+        return fn(arg)
+    with _HELPER_LOCK:
+        if _HELPER is None or _HELPER[0] != os.getpid():
+            _HELPER = (os.getpid(), ThreadPoolExecutor(1, thread_name_prefix="zephon-chunk-inline"))
+        executor = _HELPER[1]
+    return executor.submit(fn, arg).result()
+
+
 class _Deferred:
     """An inline "future": computed on first ``result()`` so num_workers=0 does no work ahead."""
 
@@ -95,7 +119,7 @@ class _Deferred:
 
     def result(self) -> TokenizedChunk:
         if self._fn is not None:
-            self._value = self._fn(self._arg)
+            self._value = run_off_main_thread(self._fn, self._arg)
             self._fn = self._arg = None
         return self._value
 
@@ -112,7 +136,7 @@ def _pool_init(recipe: Recipe, text_map: TextMap, text_filter: TextFilter) -> No
 
 def _pool_run(task: ChunkTask) -> TokenizedChunk:
     assert _POOL_WORKER is not None, "chunk pool process was not initialised"
-    return _POOL_WORKER(task)
+    return run_off_main_thread(_POOL_WORKER, task)
 
 
 def check_picklable(**hooks: object) -> None:

@@ -43,6 +43,29 @@ def load_texts(data: Path, min_chars: int) -> list[str]:
     return texts
 
 
+def tokenizer_alone_counter(data: Path, on_thread: bool = False) -> Callable[[list[str]], int]:
+    """``count(texts)``: ``encode_batch_fast`` on ``texts``, returning their tokens plus one EOS each.
+
+    ``on_thread``: every call runs on one helper thread that the caller waits for (no parallelism). glibc
+    gives that thread its own malloc arena; on the main thread the tokenizer's allocations use the main
+    arena, which is measurably slower (BENCHMARKS.md section 6). Zephon computes inline chunks this way.
+    """
+    from concurrent.futures import ThreadPoolExecutor
+
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(_tokenizer_path(data))
+
+    def count(texts: list[str]) -> int:
+        ids = [e.ids for e in tok.encode_batch_fast(texts, add_special_tokens=False)]
+        return sum(map(len, ids)) + len(ids)
+
+    if not on_thread:
+        return count
+    helper = ThreadPoolExecutor(1, thread_name_prefix="tokenizer-alone")
+    return lambda texts: helper.submit(count, texts).result()
+
+
 # -- plain loop --------------------------------------------------------------------------------------
 def plain_loop(data: Path, batch: int, seq_len: int) -> Iterator[dict]:
     """One process, no framework: read a row group, encode it, concat-then-split into batches."""

@@ -56,21 +56,18 @@ def _counter(path: str | Path):
 
 
 # -- the child ---------------------------------------------------------------------------------------
-def _tokenizer_alone_batches(data: Path, tokens_per_batch: int):
+def _tokenizer_alone_batches(data: Path, tokens_per_batch: int, on_thread: bool = False):
     """The tokenizer-alone ceiling as a stream of 'batches': encode_batch_fast, 256 documents a call."""
-    from tokenizers import Tokenizer
-
     import _pipelines
 
     texts = _pipelines.load_texts(data, min_chars=60_000_000)
-    tok = Tokenizer.from_file(str(data / "tokenizer.json"))
+    count = _pipelines.tokenizer_alone_counter(data, on_thread)
     pos, have = 0, 0
     while True:
         if pos >= len(texts):
             pos = 0
-        ids = [e.ids for e in tok.encode_batch_fast(texts[pos:pos + 256], add_special_tokens=False)]
+        have += count(texts[pos:pos + 256])
         pos += 256
-        have += sum(map(len, ids)) + len(ids)
         while have >= tokens_per_batch:
             have -= tokens_per_batch
             yield None
@@ -84,7 +81,8 @@ def child(task: dict[str, Any]) -> None:
     result: dict[str, Any] = {"name": cfg["name"], "digests": []}
     try:
         if cfg["kind"] == "tokenizer_alone":
-            it, close = _tokenizer_alone_batches(data, batch * seq_len), (lambda: None)
+            it = _tokenizer_alone_batches(data, batch * seq_len, **cfg.get("params", {}))
+            close = lambda: None  # noqa: E731
         else:
             it, close, _ = _pipelines.BUILDERS[cfg["kind"]](data, batch, seq_len, **cfg.get("params", {}))
             it = iter(it)

@@ -6,6 +6,9 @@ BPE), seq_len and batch (from ``DIR/recipe.toml``):
 
   tokenizer_alone           HF ``encode_batch_fast`` on the corpus's documents in batches of 256 (+1 EOS
                             per document), one thread: the tokenizer's ceiling on one core
+  tokenizer_alone_thread    the same, each call made on one helper thread that the caller waits for (one
+                            thread busy at a time): glibc's per-thread malloc arena instead of the main one,
+                            as Zephon's inline runner does (BENCHMARKS.md section 6)
   plain_loop                one process, no framework: pyarrow row group -> encode_batch_fast -> EOS ->
                             numpy concat-then-split -> torch; the best a loader can do on one core
   grain_{concat,firstfit}_W Grain: MapDataset over row groups -> batched encode -> to_iter_dataset ->
@@ -61,6 +64,8 @@ SCRIPT = Path(__file__).resolve()
 def all_configs() -> list[dict[str, Any]]:
     cfgs: list[dict[str, Any]] = [
         {"name": "tokenizer_alone", "kind": "tokenizer_alone", "workers": 0, "runner": "-"},
+        {"name": "tokenizer_alone_thread", "kind": "tokenizer_alone", "workers": 0, "runner": "helper thread",
+         "params": {"on_thread": True}},
         {"name": "plain_loop", "kind": "plain_loop", "workers": 0, "runner": "-"},
     ]
     for packing in ("concat", "firstfit"):
@@ -98,7 +103,8 @@ def run_config(task: dict[str, Any]) -> dict[str, Any]:
     steps, warmup, repeats, fresh = task["steps"], task["warmup"], task["repeats"], task["fresh"]
     cfg = task["config"]
     if cfg["kind"] == "tokenizer_alone":
-        return tokenizer_alone(data, batch * seq_len, steps, min(warmup, 4), repeats)
+        return tokenizer_alone(data, batch * seq_len, steps, min(warmup, 4), repeats,
+                               on_thread=cfg.get("params", {}).get("on_thread", False))
 
     import torch
 
@@ -144,20 +150,20 @@ def run_config(task: dict[str, Any]) -> dict[str, Any]:
     return res
 
 
-def tokenizer_alone(data: Path, tokens_per_batch: int, steps: int, warmup: int, repeats: int) -> dict:
-    """encode_batch_fast on the corpus's documents (file order), 256 at a time, one thread.
+def tokenizer_alone(data: Path, tokens_per_batch: int, steps: int, warmup: int, repeats: int,
+                    on_thread: bool = False) -> dict:
+    """encode_batch_fast on the corpus's documents (file order), 256 at a time, one thread busy at a time
+    (``on_thread``: a helper thread, see :func:`_pipelines.tokenizer_alone_counter`).
 
     Same windows as the pipelines: ``warmup`` batches' worth of tokens untimed, then ``repeats``
     windows of ``steps`` batches' worth (documents in memory; no reading, packing or tensors).
     """
     import statistics
 
-    from tokenizers import Tokenizer
-
     import _pipelines
 
     texts = _pipelines.load_texts(data, min_chars=int((warmup + repeats * steps) * tokens_per_batch * 4.5))
-    tok = Tokenizer.from_file(str(data / "tokenizer.json"))
+    count = _pipelines.tokenizer_alone_counter(data, on_thread)
     pos = 0
 
     def run(limit: int) -> int:
@@ -166,10 +172,8 @@ def tokenizer_alone(data: Path, tokens_per_batch: int, steps: int, warmup: int, 
         while n < limit:
             if pos >= len(texts):
                 pos = 0
-            chunk = texts[pos:pos + 256]
+            n += count(texts[pos:pos + 256])  # + one EOS per document, as the pipelines count
             pos += 256
-            ids = [e.ids for e in tok.encode_batch_fast(chunk, add_special_tokens=False)]
-            n += sum(map(len, ids)) + len(ids)  # + one EOS per document, as the pipelines count
         return n
 
     t_start = time.perf_counter()
