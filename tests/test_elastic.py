@@ -225,15 +225,63 @@ def _refuse_main_thread(text: str) -> bool:
     return True
 
 
+@pytest.fixture(scope="module")
+def long_doc_recipe(tmp_path_factory, corpus_texts, sp_model):
+    """One Parquet source of ~2,000-character documents: every 64-row chunk is far above
+    zephon.runner.OFF_MAIN_MIN_CHARS, so every chunk is worth the helper thread."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from zephon import recipe_from_dict
+
+    root = tmp_path_factory.mktemp("long_docs")
+    pool = " ".join(corpus_texts)
+    docs = [pool[i * 997:i * 997 + 2000] for i in range(192)]
+    pq.write_table(pa.table({"text": docs}), root / "long.parquet", row_group_size=64)
+    return recipe_from_dict({
+        "seed": 3, "lanes": 2, "seq_len": 64, "batch_per_lane": 2, "flush_every": 2,
+        "tokenizer": {"kind": "sentencepiece", "path": str(sp_model)},
+        "sources": [{"name": "long", "path": str(root / "long.parquet"), "format": "parquet", "text_field": "text"}],
+    })
+
+
 @pytest.mark.parametrize("runner,workers", [("thread", 0), ("thread", 1), ("pool", 1), ("process", 1)])
-def test_chunks_are_never_computed_on_a_main_thread(make_recipe, runner, workers):
-    """Every runner reads and tokenizes off the main thread of whichever process does the work (the
-    trainer inline, a pool or lane process): glibc serves main threads from its slower main malloc arena
-    (zephon.runner.run_off_main_thread). The hook runs where the tokenizer runs, and refuses a main thread."""
-    recipe = make_recipe(lanes=4)
-    expected = global_hashes(recipe, 1, 3)
-    loader = build_loader(recipe, num_workers=workers, runner=runner, text_filter=_refuse_main_thread)
+def test_large_chunks_are_never_tokenized_on_a_main_thread(long_doc_recipe, runner, workers):
+    """glibc serves main threads from its slower main malloc arena (zephon.runner.run_off_main_thread),
+    so inline, in a pool process or in a lane process, a large chunk's hooks and tokenizer run on a helper
+    thread. The hook runs where the tokenizer runs, and refuses a main thread."""
+    from zephon.runner import OFF_MAIN_MIN_CHARS
+
+    assert 64 * 2000 > OFF_MAIN_MIN_CHARS
+    expected = global_hashes(long_doc_recipe, 1, 3)
+    loader = build_loader(long_doc_recipe, num_workers=workers, runner=runner, text_filter=_refuse_main_thread)
     try:
         assert [global_digest([next(loader)]) for _ in range(3)] == expected
     finally:
         loader.close()
+
+
+def test_small_chunks_stay_on_the_calling_thread(make_recipe, monkeypatch):
+    """Below OFF_MAIN_MIN_CHARS the hand-off costs more than it saves: the chunk stays where it is,
+    and moving it changes nothing in the output."""
+    from zephon import runner as runner_mod
+    from zephon.plan import WorkPlan as Plan
+
+    recipe = make_recipe(lanes=2)
+    plan = Plan(recipe)
+    task = next(plan.sources[0].chunk_tasks(0, 0, -1))
+    seen: list[str] = []
+
+    def where(text: str) -> bool:
+        seen.append(threading.current_thread().name)
+        return True
+
+    worker = runner_mod.ChunkWorker(recipe, plan, text_filter=where)
+    stay = worker(task)
+    assert seen and set(seen) == {threading.main_thread().name}
+    seen.clear()
+    monkeypatch.setattr(runner_mod, "OFF_MAIN_MIN_CHARS", 0)
+    moved = worker(task)
+    assert seen and all(name.startswith("zephon-chunk-inline") for name in seen)
+    assert (stay.tokens.tobytes(), stay.offsets.tobytes(), stay.next_cursors.tobytes()) == \
+        (moved.tokens.tobytes(), moved.offsets.tobytes(), moved.next_cursors.tobytes())

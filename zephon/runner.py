@@ -20,6 +20,7 @@ import numpy as np
 
 from .plan import ChunkTask, WorkPlan
 from .pretokenized import frame_token_rows
+from .readers.base import RawChunk
 from .recipe import Recipe
 from .tokenizer import Tokenizer, load_tokenizer
 
@@ -69,6 +70,13 @@ class ChunkWorker:
             tokens, offsets, cursors, n, skipped = frame_token_rows(self.tokenizer, raw, reader.source, task.path)
             return TokenizedChunk(task.source, task.unit_seq, task.unit_end, task.start, tokens, offsets, cursors,
                                   raw.end_cursor, n, skipped)
+        if threading.current_thread() is threading.main_thread() and \
+                sum(len(t) for t in raw.texts if t) >= OFF_MAIN_MIN_CHARS:
+            return run_off_main_thread(self._tokenize, task, raw)
+        return self._tokenize(task, raw)
+
+    def _tokenize(self, task: ChunkTask, raw: RawChunk) -> TokenizedChunk:
+        """The text hooks and the tokenizer on one chunk's texts (the part worth a helper thread)."""
         texts = raw.texts
         if self.text_map is not None:
             texts = [None if t is None else self.text_map(t) for t in texts]
@@ -88,25 +96,27 @@ class ChunkWorker:
 
 # -- the tokenizer off the main thread ----------------------------------------------------------------
 # glibc serves a process's main thread from its main (brk) malloc arena and every other thread from an
-# arena of its own. The tokenizers' per-call allocations run ~15-20% slower on the main arena, on the same
-# documents and the same tokenizer object (BENCHMARKS.md section 6: paired per-chunk CPU time, and
-# MALLOC_ARENA_MAX=1 making worker threads just as slow). So wherever a chunk would be computed on a main
-# thread (inline runner, pool processes, lane processes), it is handed to one helper thread and waited
-# for: the same work, one thread busy at a time, no work ahead.
+# arena of its own. The tokenizers' per-call allocations run ~20% slower on the main arena, on the same
+# documents (BENCHMARKS.md section 6: scripts/bench/arena.py, and MALLOC_ARENA_MAX=1 making worker
+# threads just as slow). So a chunk that would be tokenized on a main thread (inline runner, pool
+# processes) is handed to one helper thread and waited for: the same work, one thread busy at a time, no
+# work ahead. The hand-off wakes two threads (~0.1-1 ms on a VM), more than the arena saves on a small
+# chunk (fetch-and-batch's 64 short records lost ~30% to it), so chunks under this much text stay put.
+OFF_MAIN_MIN_CHARS = 16_384
 _HELPER: "tuple[int, ThreadPoolExecutor] | None" = None  # (pid, executor): a forked child makes its own
 _HELPER_LOCK = threading.Lock()
 
 
-def run_off_main_thread(fn: Callable[[object], TokenizedChunk], arg: object) -> TokenizedChunk:
-    """``fn(arg)``, computed on this process's chunk helper thread if called from the main thread."""
+def run_off_main_thread(fn: Callable[..., TokenizedChunk], *args: object) -> TokenizedChunk:
+    """``fn(*args)``, computed on this process's chunk helper thread if called from the main thread."""
     global _HELPER
     if threading.current_thread() is not threading.main_thread():
-        return fn(arg)
+        return fn(*args)
     with _HELPER_LOCK:
         if _HELPER is None or _HELPER[0] != os.getpid():
             _HELPER = (os.getpid(), ThreadPoolExecutor(1, thread_name_prefix="zephon-chunk-inline"))
         executor = _HELPER[1]
-    return executor.submit(fn, arg).result()
+    return executor.submit(fn, *args).result()
 
 
 class _Deferred:
@@ -119,7 +129,7 @@ class _Deferred:
 
     def result(self) -> TokenizedChunk:
         if self._fn is not None:
-            self._value = run_off_main_thread(self._fn, self._arg)
+            self._value = self._fn(self._arg)
             self._fn = self._arg = None
         return self._value
 
@@ -136,7 +146,7 @@ def _pool_init(recipe: Recipe, text_map: TextMap, text_filter: TextFilter) -> No
 
 def _pool_run(task: ChunkTask) -> TokenizedChunk:
     assert _POOL_WORKER is not None, "chunk pool process was not initialised"
-    return run_off_main_thread(_POOL_WORKER, task)
+    return _POOL_WORKER(task)
 
 
 def check_picklable(**hooks: object) -> None:
