@@ -70,9 +70,8 @@ class ChunkWorker:
             tokens, offsets, cursors, n, skipped = frame_token_rows(self.tokenizer, raw, reader.source, task.path)
             return TokenizedChunk(task.source, task.unit_seq, task.unit_end, task.start, tokens, offsets, cursors,
                                   raw.end_cursor, n, skipped)
-        if threading.current_thread() is threading.main_thread() and \
-                sum(len(t) for t in raw.texts if t) >= OFF_MAIN_MIN_CHARS:
-            return run_off_main_thread(self._tokenize, task, raw)
+        if sum(len(t) for t in raw.texts if t) >= OFF_MAIN_MIN_CHARS:
+            return run_off_main_thread(self._tokenize, task, raw)  # runs in place off main threads
         return self._tokenize(task, raw)
 
     def _tokenize(self, task: ChunkTask, raw: RawChunk) -> TokenizedChunk:

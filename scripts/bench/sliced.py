@@ -81,8 +81,7 @@ def child(task: dict[str, Any]) -> None:
     result: dict[str, Any] = {"name": cfg["name"], "digests": []}
     try:
         if cfg["kind"] == "tokenizer_alone":
-            it = _tokenizer_alone_batches(data, batch * seq_len, **cfg.get("params", {}))
-            close = lambda: None  # noqa: E731
+            it, close = _tokenizer_alone_batches(data, batch * seq_len, **cfg.get("params", {})), (lambda: None)
         else:
             it, close, _ = _pipelines.BUILDERS[cfg["kind"]](data, batch, seq_len, **cfg.get("params", {}))
             it = iter(it)
