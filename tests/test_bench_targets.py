@@ -52,3 +52,19 @@ def test_best_runner_against_the_peers_best_and_failed_rounds_are_skipped():
     line = line_for(_targets.target_report(per_cfg), "2 workers: zephon best_fit (best runner) > grain (best)")
     # round 1: max(120, 140) / max(100, 130) = 1.08; round 2: 80 / 100 = 0.8 (the failed pool round is skipped)
     assert "rounds 0.80-1.08" in line and "held in 1/2" in line and line.startswith("NOT MET")
+
+
+def test_scaling_is_also_checked_against_one_worker_on_one_cpu_which_never_counts_as_a_contender():
+    per_cfg = {
+        "torchdata_nodes_1_thread": rounds(100, 100),
+        "zephon_wrap_1_thread": rounds(110, 100),
+        "zephon_wrap_1_thread_1cpu": rounds(100, 200),  # a noisy pass: faster than every contender
+        "zephon_wrap_2_thread": rounds(190, 190),
+    }
+    lines = _targets.target_report(per_cfg)
+    free = line_for(lines, "zephon wrap 2 thread workers >= 1.8 x 1 thread worker")
+    assert free.startswith("MET") and "rounds 1.73-1.90" in free and "held in 1/2" in free
+    pinned = line_for(lines, "zephon wrap 2 thread workers >= 1.8 x 1 worker on 1 CPU")
+    assert "rounds 0.95-1.90" in pinned and "held in 1/2" in pinned
+    best = line_for(lines, "1 workers: zephon wrap (best runner) >= torchdata (best)")
+    assert "rounds 1.00-1.10" in best  # the pinned 200 of round 2 is not zephon's best runner

@@ -43,27 +43,41 @@ def load_texts(data: Path, min_chars: int) -> list[str]:
     return texts
 
 
-def tokenizer_alone_counter(data: Path, on_thread: bool = False) -> Callable[[list[str]], int]:
-    """``count(texts)``: ``encode_batch_fast`` on ``texts``, returning their tokens plus one EOS each.
+def tokenizer_alone_counts(data: Path, texts: list[str], threads: int = 0, per_call: int = 256) -> Iterator[int]:
+    """Endless token counts of ``encode_batch_fast`` calls on ``texts`` (cycled), ``per_call`` documents
+    a call, each count = the call's ids plus one EOS per document.
 
-    ``on_thread``: every call runs on one helper thread that the caller waits for (no parallelism). glibc
-    gives that thread its own malloc arena; on the main thread the tokenizer's allocations use the main
-    arena, which is measurably slower (BENCHMARKS.md section 6). Zephon computes inline chunks this way.
+    ``threads=0``: calls on the calling thread. ``threads=1``: every call on one helper thread that the
+    caller waits for (no parallelism): glibc gives that thread its own malloc arena, while on a main thread
+    the tokenizer's allocations use the main arena, which is measurably slower (BENCHMARKS.md section 6);
+    Zephon computes inline chunks this way. ``threads=N``: N threads sharing one tokenizer (as Zephon's and
+    torchdata's thread workers do), 2N calls in flight, counts in call order: the ceiling of N cores.
     """
+    from collections import deque
     from concurrent.futures import ThreadPoolExecutor
 
     from tokenizers import Tokenizer
 
     tok = Tokenizer.from_file(_tokenizer_path(data))
 
-    def count(texts: list[str]) -> int:
-        ids = [e.ids for e in tok.encode_batch_fast(texts, add_special_tokens=False)]
+    def count(batch: list[str]) -> int:
+        ids = [e.ids for e in tok.encode_batch_fast(batch, add_special_tokens=False)]
         return sum(map(len, ids)) + len(ids)
 
-    if not on_thread:
-        return count
-    helper = ThreadPoolExecutor(1, thread_name_prefix="tokenizer-alone")
-    return lambda texts: helper.submit(count, texts).result()
+    def calls() -> Iterator[list[str]]:
+        while True:
+            for a in range(0, len(texts), per_call):
+                yield texts[a:a + per_call]
+
+    if threads == 0:
+        yield from map(count, calls())
+        return
+    pool = ThreadPoolExecutor(threads, thread_name_prefix="tokenizer-alone")
+    in_flight: deque = deque()
+    for batch in calls():
+        in_flight.append(pool.submit(count, batch))
+        if len(in_flight) >= (1 if threads == 1 else 2 * threads):
+            yield in_flight.popleft().result()
 
 
 # -- plain loop --------------------------------------------------------------------------------------

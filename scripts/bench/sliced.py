@@ -40,7 +40,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _targets  # noqa: E402
-from _common import REPO, child_env, fmt_table, machine_info, require_data  # noqa: E402
+from _common import REPO, child_env, fmt_table, machine_info, pin_cpus, require_data  # noqa: E402
 
 # counter file layout, int64 each: tokens delivered, ready flag (1 ready, -1 failed), stop flag
 TOKENS, READY, STOP = range(3)
@@ -56,18 +56,14 @@ def _counter(path: str | Path):
 
 
 # -- the child ---------------------------------------------------------------------------------------
-def _tokenizer_alone_batches(data: Path, tokens_per_batch: int, on_thread: bool = False):
+def _tokenizer_alone_batches(data: Path, tokens_per_batch: int, threads: int = 0):
     """The tokenizer-alone ceiling as a stream of 'batches': encode_batch_fast, 256 documents a call."""
     import _pipelines
 
     texts = _pipelines.load_texts(data, min_chars=60_000_000)
-    count = _pipelines.tokenizer_alone_counter(data, on_thread)
-    pos, have = 0, 0
-    while True:
-        if pos >= len(texts):
-            pos = 0
-        have += count(texts[pos:pos + 256])
-        pos += 256
+    have = 0
+    for n in _pipelines.tokenizer_alone_counts(data, texts, threads):
+        have += n
         while have >= tokens_per_batch:
             have -= tokens_per_batch
             yield None
@@ -78,6 +74,7 @@ def child(task: dict[str, Any]) -> None:
 
     data, cfg, batch, seq_len = Path(task["data"]), task["config"], task["batch"], task["seq_len"]
     counter = _counter(task["counter"])
+    pin_cpus(cfg)
     result: dict[str, Any] = {"name": cfg["name"], "digests": []}
     try:
         if cfg["kind"] == "tokenizer_alone":
@@ -126,8 +123,29 @@ class Slot:
         self.log = open(tmp / f"{self.name}.log", "wb")
         self.proc = subprocess.Popen([sys.executable, __file__, "--_slice", json.dumps(task)], env=env,
                                      cwd=str(REPO), stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
-        self.slices: list[tuple[float, int]] = []  # (seconds, tokens) per slice
+        self.slices: list[tuple[float, int, float]] = []  # (seconds, tokens, CPU seconds) per slice
         self.error: str | None = None
+
+    def cpu_seconds(self) -> float:
+        """User + system CPU time so far of this configuration's processes (it and its descendants).
+
+        Read while the group is frozen, so no process starts or ends meanwhile. A worker that exited
+        during the run takes its time with it; workers here live as long as their configuration."""
+        import psutil
+
+        try:
+            root = psutil.Process(self.proc.pid)
+            procs = [root] + root.children(recursive=True)
+        except psutil.Error:
+            return 0.0
+        total = 0.0
+        for proc in procs:
+            try:
+                t = proc.cpu_times()
+                total += t.user + t.system
+            except psutil.Error:
+                pass
+        return total
 
     def wait_ready(self, timeout: float) -> bool:
         t = time.perf_counter()
@@ -146,14 +164,14 @@ class Slot:
         os.killpg(self.proc.pid, signal.SIGCONT)
 
     def run_slice(self, seconds: float) -> float:
-        before = int(self.counter[TOKENS])
+        before, cpu_before = int(self.counter[TOKENS]), self.cpu_seconds()
         t = time.perf_counter()
         self.thaw()
         time.sleep(seconds)
         self.freeze()
         dt = time.perf_counter() - t
         time.sleep(0.02)  # let the stop land before reading the counter
-        self.slices.append((dt, int(self.counter[TOKENS]) - before))
+        self.slices.append((dt, int(self.counter[TOKENS]) - before, self.cpu_seconds() - cpu_before))
         return self.slices[-1][1] / dt
 
     def finish(self) -> dict[str, Any]:
@@ -204,6 +222,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--passes", type=int, default=12, help="time slices per configuration")
     ap.add_argument("--slice", type=float, default=2.0, help="seconds per slice")
     ap.add_argument("--only", default="", help="comma-separated names or globs (see text_pipeline.py --list)")
+    ap.add_argument("--extra", action="store_true", help="also run the extra configurations, e.g. the 1-CPU ones")
     ap.add_argument("--seed", type=int, default=0, help="seed of the per-pass slice order")
     ap.add_argument("--noise", type=float, default=0, help="only measure the machine's noise for this many seconds")
     ap.add_argument("--json", default="")
@@ -216,11 +235,11 @@ def main(argv: list[str] | None = None) -> int:
         print("tokenizer on the same 256 documents, k tok/s per second: " + " ".join(f"{r / 1e3:.0f}" for r in rates))
         print(f"min {min(rates) / 1e3:.0f}k, median {statistics.median(rates) / 1e3:.0f}k, max {max(rates) / 1e3:.0f}k")
         return 0
-    cfgs = text_pipeline.all_configs()
+    cfgs = text_pipeline.all_configs() + (text_pipeline.extra_configs() if args.extra else [])
     if args.only:
         pats = [p.strip() for p in args.only.split(",") if p.strip()]
         cfgs = [c for c in cfgs if any(fnmatch.fnmatchcase(c["name"], p) for p in pats)]
-        cfgs += [c for c in text_pipeline.extra_configs() if c["name"] in pats]  # extras named exactly
+        cfgs += [c for c in text_pipeline.extra_configs() if c["name"] in pats and c not in cfgs]  # named exactly
     import zephon
     recipe = zephon.load_recipe(data / "recipe.toml")
     batch, seq_len = recipe.global_batch_size, recipe.seq_len
@@ -253,22 +272,33 @@ def main(argv: list[str] | None = None) -> int:
 
 def report(cfgs, slots, results, per_pass, args, total_s) -> int:
     rows, out = [], {}
-    ref = {s.name: sum(t for _, t in s.slices) / max(1e-9, sum(d for d, _ in s.slices)) for s in slots if s.slices}
+    ref = {s.name: sum(t for _, t, _ in s.slices) / max(1e-9, sum(d for d, _, _ in s.slices)) for s in slots if s.slices}
     base = ref.get("tokenizer_alone")
+
+    def ceiling(cfg: dict[str, Any]) -> float | None:
+        """The tokenizer alone on as many threads as the configuration has workers (at least one)."""
+        return ref.get("tokenizer_alone_2threads" if cfg.get("workers", 0) >= 2 else "tokenizer_alone_thread")
+
     for s in slots:
         r = results[s.name]
         if not r.get("ok") or not s.slices:
-            rows.append([s.name, "FAILED", "", "", "", (r.get("error") or "")[:100]])
+            rows.append([s.name, "FAILED", "", "", "", "", "", "", (r.get("error") or "")[:100]])
             continue
-        rates = [t / d for d, t in s.slices]
+        rates = [t / d for d, t, _ in s.slices]
         q = statistics.quantiles(rates, n=4) if len(rates) >= 2 else [rates[0]] * 3
+        wall, tokens, cpu = (sum(x[k] for x in s.slices) for k in range(3))
+        ceil = ceiling(s.cfg)
         rows.append([s.name, f"{ref[s.name] / 1e3:,.0f}", f"{ref[s.name] / base:.2f}" if base else "-",
-                     f"{q[0] / 1e3:,.0f}-{q[2] / 1e3:,.0f}", f"{r.get('first_batch_s', 0):.1f}", ""])
-        out[s.name] = {"tokens_per_s": ref[s.name], "slice_tokens_per_s": rates,
+                     f"{ref[s.name] / ceil:.2f}" if ceil else "-", f"{q[0] / 1e3:,.0f}-{q[2] / 1e3:,.0f}", f"{cpu / wall:.2f}",
+                     f"{tokens / cpu / 1e3:,.0f}" if cpu else "-", f"{r.get('first_batch_s', 0):.1f}", ""])
+        out[s.name] = {"tokens_per_s": ref[s.name], "slice_tokens_per_s": rates, "cores": cpu / wall,
+                       "tokens_per_cpu_s": tokens / cpu if cpu else None, "slice_cpu_s": [c for _, _, c in s.slices],
                        "first_batch_s": r.get("first_batch_s"), "digests": r.get("digests")}
     print()
-    print(fmt_table(["config", "k tok/s (all slices)", "x tokenizer_alone", "slice IQR k tok/s", "1st batch s",
-                     "error"], rows, align="lrrrrl"))
+    print(fmt_table(["config", "k tok/s (all slices)", "x tokenizer_alone", "x ceiling", "slice IQR k tok/s",
+                     "cores busy", "k tok/CPU-s", "1st batch s", "error"], rows, align="lrrrrrrrl"))
+    print("x ceiling: against the tokenizer alone on as many helper threads as the configuration has workers "
+          "(tokenizer_alone_thread for 0-1, tokenizer_alone_2threads for 2)")
     # determinism: every Zephon configuration of one pack algorithm hashed the same warm-up batches
     import text_pipeline
     lines, mismatch, zephon_failed = text_pipeline.zephon_hash_check({c["name"]: {**c, **results[c["name"]]}

@@ -9,6 +9,8 @@ BPE), seq_len and batch (from ``DIR/recipe.toml``):
   tokenizer_alone_thread    the same, each call made on one helper thread that the caller waits for (one
                             thread busy at a time): glibc's per-thread malloc arena instead of the main one,
                             as Zephon's inline runner does (BENCHMARKS.md section 6)
+  tokenizer_alone_2threads  the same on two threads sharing the tokenizer, four calls in flight: the
+                            ceiling of two cores, for the 2-worker configurations
   plain_loop                one process, no framework: pyarrow row group -> encode_batch_fast -> EOS ->
                             numpy concat-then-split -> torch; the best a loader can do on one core
   grain_{concat,firstfit}_W Grain: MapDataset over row groups -> batched encode -> to_iter_dataset ->
@@ -55,7 +57,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _targets  # noqa: E402
 from _common import (  # noqa: E402
-    fmt_table, machine_info, measure_stream, require_data, run_task, task_main,
+    fmt_table, machine_info, measure_stream, pin_cpus, require_data, run_task, task_main,
 )
 
 SCRIPT = Path(__file__).resolve()
@@ -65,7 +67,9 @@ def all_configs() -> list[dict[str, Any]]:
     cfgs: list[dict[str, Any]] = [
         {"name": "tokenizer_alone", "kind": "tokenizer_alone", "workers": 0, "runner": "-"},
         {"name": "tokenizer_alone_thread", "kind": "tokenizer_alone", "workers": 0, "runner": "helper thread",
-         "params": {"on_thread": True}},
+         "params": {"threads": 1}},
+        {"name": "tokenizer_alone_2threads", "kind": "tokenizer_alone", "workers": 2, "runner": "2 threads",
+         "params": {"threads": 2}},
         {"name": "plain_loop", "kind": "plain_loop", "workers": 0, "runner": "-"},
     ]
     for packing in ("concat", "firstfit"):
@@ -90,11 +94,24 @@ def all_configs() -> list[dict[str, Any]]:
 
 def extra_configs() -> list[dict[str, Any]]:
     """Not run by default (--extra): Grain with read threads instead of processes; Zephon's 2-worker
-    thread and pool runners with 4 chunks per source in flight instead of 2."""
+    thread and pool runners with 4 chunks per source in flight instead of 2; 1-worker configurations
+    pinned to one CPU."""
     return [{"name": f"grain_{p}_0_t{t}", "kind": "grain", "workers": 0, "runner": f"{t} threads",
              "params": {"packing": p, "workers": 0, "read_threads": t}} for p in ("concat", "firstfit") for t in (2,)] + \
            [{"name": f"zephon_best_fit_2_{r}_prefetch4", "kind": "zephon", "workers": 2, "runner": r,
-             "params": {"algorithm": "best_fit", "workers": 2, "runner": r, "prefetch": 4}} for r in ("thread", "pool")]
+             "params": {"algorithm": "best_fit", "workers": 2, "runner": r, "prefetch": 4}} for r in ("thread", "pool")] + \
+           one_cpu_configs()
+
+
+def one_cpu_configs() -> list[dict[str, Any]]:
+    """1-worker configurations pinned to one CPU (``cpus``, applied by _common.pin_cpus in the child): the
+    one-core baseline of the scaling target. Named ``..._1cpu``; run them with --only '*_1cpu'."""
+    out = [{"name": f"zephon_{algo}_1_{runner}_1cpu", "kind": "zephon", "workers": 1, "runner": runner,
+            "cpus": [0], "params": {"algorithm": algo, "workers": 1, "runner": runner}}
+           for algo in ("best_fit", "wrap") for runner in ("thread", "pool", "process")]
+    out += [{"name": f"torchdata_nodes_1_{m}_1cpu", "kind": "torchdata", "workers": 1, "runner": m, "cpus": [0],
+             "params": {"workers": 1, "method": m}} for m in ("thread", "process")]
+    return out
 
 
 # -- the child ---------------------------------------------------------------------------------------
@@ -102,9 +119,10 @@ def run_config(task: dict[str, Any]) -> dict[str, Any]:
     data, batch, seq_len = Path(task["data"]), task["batch"], task["seq_len"]
     steps, warmup, repeats, fresh = task["steps"], task["warmup"], task["repeats"], task["fresh"]
     cfg = task["config"]
+    pin_cpus(cfg)
     if cfg["kind"] == "tokenizer_alone":
         return tokenizer_alone(data, batch * seq_len, steps, min(warmup, 4), repeats,
-                               on_thread=cfg.get("params", {}).get("on_thread", False))
+                               threads=cfg.get("params", {}).get("threads", 0))
 
     import torch
 
@@ -151,9 +169,9 @@ def run_config(task: dict[str, Any]) -> dict[str, Any]:
 
 
 def tokenizer_alone(data: Path, tokens_per_batch: int, steps: int, warmup: int, repeats: int,
-                    on_thread: bool = False) -> dict:
+                    threads: int = 0) -> dict:
     """encode_batch_fast on the corpus's documents (file order), 256 at a time, one thread busy at a time
-    (``on_thread``: a helper thread, see :func:`_pipelines.tokenizer_alone_counter`).
+    (``threads``: 1 a helper thread, 2 two threads in parallel; see :func:`_pipelines.tokenizer_alone_counts`).
 
     Same windows as the pipelines: ``warmup`` batches' worth of tokens untimed, then ``repeats``
     windows of ``steps`` batches' worth (documents in memory; no reading, packing or tensors).
@@ -163,17 +181,12 @@ def tokenizer_alone(data: Path, tokens_per_batch: int, steps: int, warmup: int, 
     import _pipelines
 
     texts = _pipelines.load_texts(data, min_chars=int((warmup + repeats * steps) * tokens_per_batch * 4.5))
-    count = _pipelines.tokenizer_alone_counter(data, on_thread)
-    pos = 0
+    counts = _pipelines.tokenizer_alone_counts(data, texts, threads)  # + one EOS per document, as the pipelines
 
     def run(limit: int) -> int:
-        nonlocal pos
         n = 0
         while n < limit:
-            if pos >= len(texts):
-                pos = 0
-            n += count(texts[pos:pos + 256])  # + one EOS per document, as the pipelines count
-            pos += 256
+            n += next(counts)
         return n
 
     t_start = time.perf_counter()
