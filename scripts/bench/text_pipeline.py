@@ -105,7 +105,7 @@ def extra_configs() -> list[dict[str, Any]]:
 
 def one_cpu_configs() -> list[dict[str, Any]]:
     """1-worker configurations pinned to one CPU (``cpus``, applied by _common.pin_cpus in the child): the
-    one-core baseline of the scaling target. Named ``..._1cpu``; run them with --only '*_1cpu'."""
+    one-core baseline of the scaling target. Named ``..._1cpu``; run them with --extra --only '*_1cpu'."""
     out = [{"name": f"zephon_{algo}_1_{runner}_1cpu", "kind": "zephon", "workers": 1, "runner": runner,
             "cpus": [0], "params": {"algorithm": algo, "workers": 1, "runner": runner}}
            for algo in ("best_fit", "wrap") for runner in ("thread", "pool", "process")]
