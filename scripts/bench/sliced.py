@@ -174,6 +174,11 @@ class Slot:
         self.slices.append((dt, int(self.counter[TOKENS]) - before, self.cpu_seconds() - cpu_before))
         return self.slices[-1][1] / dt
 
+    def totals(self) -> tuple[float, int, float]:
+        """(seconds, tokens, CPU seconds) over all this configuration's slices."""
+        return (sum(d for d, _, _ in self.slices), sum(t for _, t, _ in self.slices),
+                sum(c for _, _, c in self.slices))
+
     def finish(self) -> dict[str, Any]:
         self.counter[STOP] = 1
         if self.proc.poll() is None:
@@ -272,7 +277,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def report(cfgs, slots, results, per_pass, args, total_s) -> int:
     rows, out = [], {}
-    ref = {s.name: sum(t for _, t, _ in s.slices) / max(1e-9, sum(d for d, _, _ in s.slices)) for s in slots if s.slices}
+    totals = {s.name: s.totals() for s in slots if s.slices}
+    ref = {name: tokens / max(1e-9, wall) for name, (wall, tokens, _) in totals.items()}
     base = ref.get("tokenizer_alone")
 
     def ceiling(cfg: dict[str, Any]) -> float | None:
@@ -286,7 +292,7 @@ def report(cfgs, slots, results, per_pass, args, total_s) -> int:
             continue
         rates = [t / d for d, t, _ in s.slices]
         q = statistics.quantiles(rates, n=4) if len(rates) >= 2 else [rates[0]] * 3
-        wall, tokens, cpu = (sum(x[k] for x in s.slices) for k in range(3))
+        wall, tokens, cpu = totals[s.name]
         ceil = ceiling(s.cfg)
         rows.append([s.name, f"{ref[s.name] / 1e3:,.0f}", f"{ref[s.name] / base:.2f}" if base else "-",
                      f"{ref[s.name] / ceil:.2f}" if ceil else "-", f"{q[0] / 1e3:,.0f}-{q[2] / 1e3:,.0f}", f"{cpu / wall:.2f}",
