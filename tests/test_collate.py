@@ -17,7 +17,7 @@ def rows_st(draw):
     rows = []
     for _ in range(draw(st.integers(1, 6))):
         row = Row(seq_len)
-        for n in draw(st.lists(st.integers(1, seq_len), min_size=1, max_size=6)):
+        for n in draw(st.lists(st.integers(1, seq_len), min_size=0, max_size=6)):  # 0: a row all padding
             if n > row.free:
                 break
             tokens = np.asarray(draw(st.lists(st.integers(0, 50_000), min_size=n, max_size=n)), dtype=np.int32)

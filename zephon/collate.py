@@ -22,42 +22,58 @@ HASHED_KEYS = ("input_ids", "labels", "position_ids", "segment_ids", "loss_mask"
 
 
 def collate(rows: Sequence[Row], seq_len: int, pad_id: int) -> dict[str, torch.Tensor]:
-    """Build the batch dict for ``rows`` (in lane order), vectorised over the whole batch."""
+    """Build the batch dict for ``rows`` (in lane order), vectorised over the whole batch.
+
+    A row's tokens sit at its start (``tokens[:fill]``), so every key is built with whole-row slices
+    and running sums over the flattened ``[B*S]`` batch rather than by scattering each token.
+    """
     B, S = len(rows), seq_len
     fills = np.fromiter((r.fill for r in rows), dtype=np.int64, count=B)
-    seg_lens = np.fromiter(chain.from_iterable(r.seg_lens for r in rows), dtype=np.int64)
-    tails = np.fromiter(chain.from_iterable(r.tails for r in rows), dtype=np.int64, count=len(seg_lens))
     segs_per_row = np.fromiter((len(r.seg_lens) for r in rows), dtype=np.int64, count=B)
-    tokens = np.concatenate([r.tokens[:r.fill] for r in rows]) if B else np.zeros(0, np.int32)
+    seg_lens = np.fromiter(chain.from_iterable(r.seg_lens for r in rows), dtype=np.int64,
+                           count=int(segs_per_row.sum()))
+    tails = np.fromiter(chain.from_iterable(r.tails for r in rows), dtype=np.int64, count=len(seg_lens))
 
-    # flat position (row * S + offset in row) of every real token, and of every segment's first token
-    row_of_token = np.repeat(np.arange(B, dtype=np.int64), fills)
-    first_token_of_row = np.concatenate([[0], np.cumsum(fills)[:-1]])
-    flat = row_of_token * S + np.arange(len(tokens)) - first_token_of_row[row_of_token]
-    seg_start = np.concatenate([[0], np.cumsum(seg_lens)[:-1]])  # in the token stream
-    seg_rank = np.arange(len(seg_lens)) - np.repeat(np.concatenate([[0], np.cumsum(segs_per_row)[:-1]]), segs_per_row)
+    input_ids = np.empty((B, S), dtype=np.int64)
+    for i, r in enumerate(rows):
+        input_ids[i, :r.fill] = r.tokens[:r.fill]
+    # every segment's [start, end) in the flattened batch (a row's fill is the sum of its segments)
+    seg_end = np.cumsum(seg_lens) - np.repeat(np.cumsum(fills) - fills, segs_per_row)
+    seg_end += np.repeat(np.arange(B, dtype=np.int64) * S, segs_per_row)
+    seg_start = seg_end - seg_lens
 
-    input_ids = np.full(B * S, pad_id, dtype=np.int64)
-    labels = np.full(B * S, IGNORE, dtype=np.int64)
-    position_ids = np.zeros(B * S, dtype=np.int64)
-    segment_ids = np.zeros(B * S, dtype=np.int32)
-    input_ids[flat] = tokens
-    labels[flat[:-1]] = tokens[1:]  # next token; every segment's last position is overwritten below
-    labels[flat[seg_start + seg_lens - 1]] = tails
-    position_ids[flat] = np.arange(len(tokens)) - np.repeat(seg_start, seg_lens)
-    segment_ids[flat] = np.repeat(seg_rank + 1, seg_lens).astype(np.int32)
+    labels = np.empty((B, S), dtype=np.int64)
+    labels[:, :-1] = input_ids[:, 1:]  # the next token; wrong only at segment ends, set next
+    labels[:, -1] = IGNORE
+    labels.reshape(-1)[seg_end - 1] = tails
+
+    # position in segment: a running count of ones whose step at a segment start drops it back to 0
+    steps = np.ones(B * S, dtype=np.int64)
+    steps[seg_start[1:]] = seg_start[:-1] + 1 - seg_start[1:]
+    if len(seg_start):
+        steps[seg_start[0]] = 1 - seg_start[0]
+    steps[:1] = 0
+    position_ids = steps.cumsum().reshape(B, S)
+    starts = np.zeros(B * S, dtype=np.int32)
+    starts[seg_start] = 1
+    segment_ids = starts.reshape(B, S).cumsum(axis=1, dtype=np.int32)  # 1.. per row
+
+    padded = np.flatnonzero(fills < S)
+    for i, f in zip(padded.tolist(), fills[padded].tolist()):  # a part-filled row's rest is padding
+        input_ids[i, f:] = pad_id
+        labels[i, f:] = IGNORE
+        position_ids[i, f:] = 0
+        segment_ids[i, f:] = 0
 
     # cu_seqlens: every segment start, plus the start of each row's padding, plus the end
-    starts = flat[seg_start] if len(seg_start) else np.zeros(0, np.int64)
-    pads = (np.arange(B) * S + fills)[fills < S]
-    bounds = np.union1d(np.union1d(starts, pads), np.arange(B) * S)
+    pads = padded * S + fills[padded]
+    bounds = np.union1d(np.union1d(seg_start, pads), np.arange(B, dtype=np.int64) * S)
     cu_seqlens = np.append(bounds, B * S).astype(np.int32)
-    labels = labels.reshape(B, S)
     return {
-        "input_ids": torch.from_numpy(input_ids.reshape(B, S)),
+        "input_ids": torch.from_numpy(input_ids),
         "labels": torch.from_numpy(labels),
-        "position_ids": torch.from_numpy(position_ids.reshape(B, S)),
-        "segment_ids": torch.from_numpy(segment_ids.reshape(B, S)),
+        "position_ids": torch.from_numpy(position_ids),
+        "segment_ids": torch.from_numpy(segment_ids),
         "loss_mask": torch.from_numpy((labels != IGNORE).astype(np.float32)),
         "cu_seqlens": torch.from_numpy(cu_seqlens),
     }

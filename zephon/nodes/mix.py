@@ -86,6 +86,10 @@ class Mixer(BaseNode):
         for s, stream in enumerate(self.streams):
             stream.reset({"unit_seq": self._positions[s][0], "cursor": self._positions[s][1]})
         self._cur: list[TokenizedChunk | None] = [None] * n
+        # the current chunk's offsets and cursors as Python lists: read once per document, and numpy
+        # scalar indexing per document would cost more than the rest of the decision
+        self._offs: list[list[int]] = [[] for _ in range(n)]
+        self._cursors: list[list[int]] = [[] for _ in range(n)]
         self._idx = [0] * n
         self._offset = [p[2] for p in self._positions]  # tokens of the current document already taken
         self._taken = [0] * n
@@ -136,23 +140,25 @@ class Mixer(BaseNode):
                     if self._finish_chunk(s, chunk):
                         return None, IGNORE, True
                     continue
+                self._offs[s] = chunk.offsets.tolist()
+                self._cursors[s] = chunk.next_cursors.tolist()
             self._empty_run[s] = 0
-            k = self._idx[s]
-            lo, hi = int(chunk.offsets[k]), int(chunk.offsets[k + 1])
-            a = lo + self._offset[s]
+            k, offs = self._idx[s], self._offs[s]
+            hi = offs[k + 1]
+            a = offs[k] + self._offset[s]
             b = min(hi, a + self.piece_len)
             piece = chunk.tokens[a:b]
             if b < hi:  # the document goes on: stay on it, label the cut with the true next token
                 self._offset[s] += b - a
-                start = int(chunk.next_cursors[k - 1]) if k else chunk.start_cursor
+                start = self._cursors[s][k - 1] if k else chunk.start_cursor
                 self._positions[s] = (chunk.unit_seq, start, self._offset[s])
                 self.counters.pieces_split += 1
                 return piece, int(chunk.tokens[b]), False
             self._offset[s] = 0
             self._idx[s] = k + 1
-            if k + 1 == chunk.n_docs:
+            if k + 2 == len(offs):  # the chunk's last document
                 return piece, IGNORE, self._finish_chunk(s, chunk)
-            self._positions[s] = (chunk.unit_seq, int(chunk.next_cursors[k]), 0)
+            self._positions[s] = (chunk.unit_seq, self._cursors[s][k], 0)
             return piece, IGNORE, False
 
     def _flush(self) -> Flush:
@@ -165,7 +171,7 @@ class Mixer(BaseNode):
     def next(self) -> Any:
         if self._queued:
             return self._queued.pop()
-        s = self._choose()
+        s = self._choose() if len(self.streams) > 1 else 0  # one source is always eligible
         doc, tail, flush_due = self._take(s)
         if doc is None:
             return self._flush()

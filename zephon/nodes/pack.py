@@ -110,7 +110,15 @@ class Packer(BaseNode):
             free = row.free
             if n <= free < best_free:
                 best, best_free = j, free
-        self._place_or_open(best, tokens, tail)
+                if free == n:  # an exact fit: no bin is tighter, and later ties lose to this one
+                    break
+        if best < 0:
+            self._place_or_open(best, tokens, tail)
+            return
+        row = self._bins[best]  # _put, inlined: this runs once per document
+        row.add(tokens, tail)
+        if row.free == 0:
+            self._emit(self._bins.pop(best))
 
     def _first_fit(self, tokens, tail: int) -> None:
         n = len(tokens)
