@@ -53,7 +53,9 @@ class LocalLanes:
 
 def _lane_worker(recipe: Recipe, lanes: list[int], states: dict[int, dict], out: Any, stop: Any,
                  text_map: TextMap, text_filter: TextFilter) -> None:
-    """Worker process: run ``lanes`` step after step, putting (lane, rows, state, counters) on ``out``."""
+    """Worker process: run ``lanes`` step after step, putting one message per step on ``out``: for each of
+    its lanes, in order, (lane, rows, state, counters). One message per step rather than per lane: the
+    trainer's process pays a queue read (lock, pipe read, unpickle) per message."""
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     runner = None
     try:
@@ -69,16 +71,14 @@ def _lane_worker(recipe: Recipe, lanes: list[int], states: dict[int, dict], out:
         for node in nodes:
             node.prime()
         while not stop.is_set():
-            for node in nodes:
-                rows = next(node)
-                item = ("rows", node.lane, rows, node.get_state(), asdict(node.counters))
-                while True:
-                    try:
-                        out.put(item, timeout=0.2)
-                        break
-                    except queue.Full:
-                        if stop.is_set():
-                            return
+            item = ("step", [(node.lane, next(node), node.get_state(), asdict(node.counters)) for node in nodes])
+            while True:
+                try:
+                    out.put(item, timeout=0.2)
+                    break
+                except queue.Full:
+                    if stop.is_set():
+                        return
     except BaseException as exc:  # hand the error to the host, which raises it in the trainer
         try:
             out.put(("error", exc, traceback.format_exc()), timeout=5)
@@ -121,7 +121,7 @@ class ProcessLanes:
         self._queues, self._procs = [], []
         for k in range(self.num_workers):
             mine = self.lanes[k::self.num_workers]
-            q = self._ctx.Queue(maxsize=self.prefetch * len(mine))
+            q = self._ctx.Queue(maxsize=self.prefetch)  # steps ahead
             proc = self._ctx.Process(target=_lane_worker, name=f"zephon-lanes-{k}", daemon=True,
                                      args=(self.recipe, mine, {x: self._states[x] for x in mine if x in self._states},
                                            q, self._stop, self.text_map, self.text_filter))
@@ -141,14 +141,17 @@ class ProcessLanes:
     def next_step(self) -> list[list[Row]]:
         if not self._procs:
             self.reset({})
-        rows_per_lane = []
-        for i, lane in enumerate(self.lanes):
-            item = self._get(i % self.num_workers)
+        steps = []
+        for k in range(self.num_workers):
+            item = self._get(k)
             if item[0] == "error":
                 _, exc, tb = item
                 self.close()
                 raise exc from RuntimeError(f"in a Zephon lane worker:\n{tb}")
-            _, got, rows, state, counters = item
+            steps.append(iter(item[1]))
+        rows_per_lane = []
+        for i, lane in enumerate(self.lanes):  # worker k holds lanes[k::num_workers], in order
+            got, rows, state, counters = next(steps[i % self.num_workers])
             assert got == lane, f"lane worker returned lane {got}, expected {lane}"
             self._states[lane] = state
             self._counters[lane] = LaneCounters(**counters)
