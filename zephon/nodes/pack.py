@@ -112,13 +112,10 @@ class Packer(BaseNode):
                 best, best_free = j, free
                 if free == n:  # an exact fit: no bin is tighter, and later ties lose to this one
                     break
-        if best < 0:
+        if best >= 0:  # straight to _put: this runs once per document
+            self._put(best, tokens, tail)
+        else:
             self._place_or_open(best, tokens, tail)
-            return
-        row = self._bins[best]  # _put, inlined: this runs once per document
-        row.add(tokens, tail)
-        if row.free == 0:
-            self._emit(self._bins.pop(best))
 
     def _first_fit(self, tokens, tail: int) -> None:
         n = len(tokens)
