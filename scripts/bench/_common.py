@@ -292,6 +292,18 @@ def measure_stream(make: Callable[[], tuple[Iterable, Callable[[], None]]], step
             "tokens_per_s_incl_startup": statistics.median(p["tokens_per_s_incl_startup"] for p in pipelines)}
 
 
+def only_patterns(only: str) -> list[str]:
+    """``--only``'s comma-separated names or globs."""
+    return [p.strip() for p in only.split(",") if p.strip()]
+
+
+def select_configs(cfgs: Sequence[dict[str, Any]], patterns: Sequence[str]) -> list[dict[str, Any]]:
+    """The configurations whose name matches one of ``patterns`` (``fnmatch`` globs), in their order."""
+    import fnmatch
+
+    return [c for c in cfgs if any(fnmatch.fnmatchcase(c["name"], p) for p in patterns)]
+
+
 # -- printing ----------------------------------------------------------------------------------------
 def fmt_table(headers: Sequence[str], rows: Sequence[Sequence[Any]], align: str | None = None) -> str:
     cells = [[str(h) for h in headers]] + [["" if c is None else str(c) for c in row] for row in rows]

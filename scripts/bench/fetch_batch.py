@@ -30,7 +30,6 @@ Protocol as in text_pipeline.py: one subprocess per configuration, warm-up, then
 from __future__ import annotations
 
 import argparse
-import fnmatch
 import itertools
 import json
 import sys
@@ -43,7 +42,7 @@ import numpy as np  # noqa: E402
 
 from _common import (  # noqa: E402
     RowGroupReader, derived_is_current, fmt_table, machine_info, mark_derived, measure_stream, require_data,
-    run_task, task_main,
+    only_patterns, run_task, select_configs, task_main,
 )
 
 SCRIPT = Path(__file__).resolve()
@@ -312,8 +311,7 @@ def main(argv: list[str] | None = None) -> int:
         print("\n".join(c["name"] for c in cfgs))
         return 0
     if args.only:
-        pats = [p.strip() for p in args.only.split(",") if p.strip()]
-        cfgs = [c for c in cfgs if any(fnmatch.fnmatchcase(c["name"], p) for p in pats)]
+        cfgs = select_configs(cfgs, only_patterns(args.only))
     data = Path(args.data).resolve()
     require_data(data)
     fetch = data / "fetch"

@@ -23,7 +23,6 @@ each); use --only to run fewer.
 from __future__ import annotations
 
 import argparse
-import fnmatch
 import json
 import mmap
 import os
@@ -40,7 +39,9 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _targets  # noqa: E402
-from _common import REPO, child_env, fmt_table, machine_info, pin_cpus, require_data  # noqa: E402
+from _common import (  # noqa: E402
+    REPO, child_env, fmt_table, machine_info, only_patterns, pin_cpus, require_data, select_configs,
+)
 
 # counter file layout, int64 each: tokens delivered, ready flag (1 ready, -1 failed), stop flag
 TOKENS, READY, STOP = range(3)
@@ -242,8 +243,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     cfgs = text_pipeline.all_configs() + (text_pipeline.extra_configs() if args.extra else [])
     if args.only:
-        pats = [p.strip() for p in args.only.split(",") if p.strip()]
-        cfgs = [c for c in cfgs if any(fnmatch.fnmatchcase(c["name"], p) for p in pats)]
+        pats = only_patterns(args.only)
+        cfgs = select_configs(cfgs, pats)
         cfgs += [c for c in text_pipeline.extra_configs() if c["name"] in pats and c not in cfgs]  # named exactly
     import zephon
     recipe = zephon.load_recipe(data / "recipe.toml")

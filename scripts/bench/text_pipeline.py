@@ -46,7 +46,6 @@ the table but do not change the exit status).
 from __future__ import annotations
 
 import argparse
-import fnmatch
 import json
 import sys
 import time
@@ -57,7 +56,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _targets  # noqa: E402
 from _common import (  # noqa: E402
-    fmt_table, machine_info, measure_stream, pin_cpus, require_data, run_task, task_main,
+    fmt_table, machine_info, measure_stream, only_patterns, pin_cpus, require_data, run_task, select_configs,
+    task_main,
 )
 
 SCRIPT = Path(__file__).resolve()
@@ -233,8 +233,8 @@ def main(argv: list[str] | None = None) -> int:
 
     cfgs = all_configs() + (extra_configs() if args.extra else [])
     if args.only:
-        pats = [p.strip() for p in args.only.split(",") if p.strip()]
-        cfgs = [c for c in cfgs if any(fnmatch.fnmatchcase(c["name"], p) for p in pats)]
+        pats = only_patterns(args.only)
+        cfgs = select_configs(cfgs, pats)
         cfgs += [c for c in extra_configs() if c["name"] in pats and c not in cfgs]  # extras named exactly
         if not cfgs:
             print(f"no configuration matches --only {args.only!r}; see --list", file=sys.stderr)

@@ -23,7 +23,6 @@ commit), for before/after figures with the same script:
 from __future__ import annotations
 
 import argparse
-import fnmatch
 import json
 import statistics
 import sys
@@ -32,7 +31,9 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import fmt_table, machine_info, require_data, run_task, task_main  # noqa: E402
+from _common import (  # noqa: E402
+    fmt_table, machine_info, require_data, run_task, select_configs, only_patterns, task_main,
+)
 
 SCRIPT = Path(__file__).resolve()
 BATCH, SEQ = 32, 2048
@@ -88,8 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     cfgs = configs()
     if args.only:
-        pats = [p.strip() for p in args.only.split(",") if p.strip()]
-        cfgs = [c for c in cfgs if any(fnmatch.fnmatchcase(c["name"], p) for p in pats)]
+        cfgs = select_configs(cfgs, only_patterns(args.only))
     data = Path(args.data).resolve()
     require_data(data)
     src = str(Path(args.zephon_src).resolve()) if args.zephon_src else ""
