@@ -23,7 +23,7 @@ from .nodes.items import LaneCounters, Row
 from .nodes.lane import Lane
 from .plan import WorkPlan
 from .recipe import Recipe
-from .runner import MAIN_GUARD_HINT, Runner, TextFilter, TextMap, check_picklable, process_context
+from .runner import MAIN_GUARD_HINT, Runner, TextFilter, TextMap, check_picklable, start_worker_server
 
 
 class LocalLanes:
@@ -108,7 +108,7 @@ class ProcessLanes:
         self.prefetch = max(1, prefetch)
         self.text_map, self.text_filter = text_map, text_filter
         check_picklable(text_map=text_map, text_filter=text_filter)
-        self._ctx = process_context()
+        self._ctx = start_worker_server()
         self._procs: list[Any] = []
         self._states: dict[int, dict] = {}
         self._counters: dict[int, LaneCounters] = {lane: LaneCounters() for lane in self.lanes}

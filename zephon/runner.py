@@ -158,9 +158,46 @@ def check_picklable(**hooks: object) -> None:
                              f"runner pass a module-level function, or use runner='thread'.") from None
 
 
+# Modules the forkserver imports once, before it forks any worker. Without them every worker imports
+# zephon (and through torchdata, torch: ~2.5 s here) on its own before its first chunk; with them a
+# worker starts as a fork of a process that has them, in milliseconds (BENCHMARKS.md section 1b).
+WORKER_PRELOAD = ("zephon.runner", "zephon.lane_hosts")
+
+
 def process_context() -> mp.context.BaseContext:
-    """forkserver where the platform has it (no fork of a threaded trainer), else spawn."""
-    return mp.get_context("forkserver" if "forkserver" in mp.get_all_start_methods() else "spawn")
+    """forkserver where the platform has it (no fork of a threaded trainer), else spawn.
+
+    The forkserver is asked to preload :data:`WORKER_PRELOAD` in addition to whatever the program
+    already asked for (``__main__`` by default). That only takes effect if the forkserver is not
+    running yet: a program whose forkserver started earlier keeps its own preload, and correctness
+    never depends on it (a worker imports what it needs either way).
+    """
+    if "forkserver" not in mp.get_all_start_methods():
+        return mp.get_context("spawn")
+    ctx = mp.get_context("forkserver")
+    from multiprocessing import forkserver
+
+    server = getattr(forkserver, "_forkserver", None)
+    current = list(getattr(server, "_preload_modules", None) or ["__main__"])
+    wanted = current + [m for m in WORKER_PRELOAD if m not in current]
+    if wanted != current:
+        ctx.set_forkserver_preload(wanted)
+    return ctx
+
+
+def start_worker_server() -> mp.context.BaseContext:
+    """:func:`process_context`, with its forkserver started now rather than at the first worker.
+
+    Called when a loader with worker processes is built: the server's imports then overlap whatever the
+    trainer does before its first batch (building the model, loading a checkpoint) instead of delaying
+    that batch. A no-op for spawn, and for a forkserver already running.
+    """
+    ctx = process_context()
+    if ctx.get_start_method() == "forkserver":
+        from multiprocessing import forkserver
+
+        forkserver.ensure_running()
+    return ctx
 
 
 MAIN_GUARD_HINT = ("Most often the script that builds the loader has no `if __name__ == \"__main__\":` guard: "
@@ -209,7 +246,7 @@ class Runner:
             self._executor = ThreadPoolExecutor(num_workers, thread_name_prefix="zephon-chunk")
         elif num_workers:
             check_picklable(text_map=text_map, text_filter=text_filter)
-            self._executor = ProcessPoolExecutor(num_workers, mp_context=process_context(), initializer=_pool_init,
+            self._executor = ProcessPoolExecutor(num_workers, mp_context=start_worker_server(), initializer=_pool_init,
                                                  initargs=(recipe, text_map, text_filter))
 
     def submit(self, task: ChunkTask) -> "Future[TokenizedChunk] | _Deferred | _PoolFuture":

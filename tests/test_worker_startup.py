@@ -1,0 +1,66 @@
+"""Worker processes start as forks of a forkserver that already imported Zephon (and torch).
+
+Checked from the outside, in a fresh interpreter (a forkserver that an earlier test started keeps its
+own preload): right after ``build_loader`` with worker processes, before the first batch, this
+process has a forkserver child, and that server maps torch's shared library and the extension module
+of the program's own preload. So no worker pays the import, and a program's preload list is kept.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from .conftest import base_recipe_dict
+
+pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="forkserver and /proc/PID/maps are Linux's")
+
+SCRIPT = """
+import json, os, sys, time
+import multiprocessing as mp
+import zephon
+
+def server_maps():
+    me = f"/proc/{os.getpid()}/task"
+    children = {int(c) for t in os.listdir(me) for c in open(f"{me}/{t}/children").read().split()}
+    for pid in children:
+        if b"forkserver" in open(f"/proc/{pid}/cmdline", "rb").read():
+            return open(f"/proc/{pid}/maps").read()
+    return None
+
+if __name__ == "__main__":
+    mp.set_forkserver_preload(["__main__", "decimal"])  # the program's own preload, to be kept
+    recipe = zephon.recipe_from_dict(json.loads(sys.argv[1]))
+    loader = zephon.build_loader(recipe, rank=0, world_size=1, num_workers=1, runner=sys.argv[2])
+    deadline = time.monotonic() + 90
+    while True:  # the server imports in the background; no batch has been asked for
+        maps = server_maps()
+        done = maps is not None and "libtorch_cpu" in maps and "_decimal" in maps
+        if done or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    print(json.dumps({"server": maps is not None,
+                      "torch": maps is not None and "libtorch_cpu" in maps,
+                      "program_preload": maps is not None and "_decimal" in maps,
+                      "first_batch": sorted(next(iter(loader))) != []}))
+    loader.close()
+"""
+
+
+@pytest.mark.parametrize("runner", ["pool", "process"])
+def test_the_forkserver_starts_with_the_loader_and_preloads_zephon(corpus, sp_model, tmp_path, runner):
+    recipe = base_recipe_dict(corpus, {"kind": "sentencepiece", "path": str(sp_model)})
+    script = tmp_path / "train.py"
+    script.write_text(SCRIPT)
+    root = str(Path(__file__).resolve().parents[1])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
+    proc = subprocess.run([sys.executable, str(script), json.dumps(recipe), runner],
+                          capture_output=True, text=True, timeout=180, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    seen = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert seen == {"server": True, "torch": True, "program_preload": True, "first_batch": True}, proc.stderr[-2000:]
