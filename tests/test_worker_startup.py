@@ -64,3 +64,28 @@ def test_the_forkserver_starts_with_the_loader_and_preloads_zephon(corpus, sp_mo
     assert proc.returncode == 0, proc.stderr[-3000:]
     seen = json.loads(proc.stdout.strip().splitlines()[-1])
     assert seen == {"server": True, "torch": True, "program_preload": True, "first_batch": True}, proc.stderr[-2000:]
+
+
+def test_no_preload_when_the_forkserver_would_import_another_zephon(tmp_path):
+    """Before Python 3.12.8 the forkserver imports from a fresh interpreter's sys.path, not the
+    parent's: a program that put another zephon checkout first must not get workers forked from a
+    server that holds a different zephon. Zephon then asks for no preload at all."""
+    import shutil
+
+    root = Path(__file__).resolve().parents[1]
+    shutil.copytree(root / "zephon", tmp_path / "other" / "zephon", ignore=shutil.ignore_patterns("__pycache__"))
+    probe = ("import multiprocessing.forkserver as fs, sys\n"
+             "if len(sys.argv) > 1: sys.path.insert(0, sys.argv[1])\n"
+             "import zephon.runner as r\n"
+             "r.process_context()\n"
+             "print(r.__file__, r._server_finds_this_zephon(), 'zephon.runner' in fs._forkserver._preload_modules)\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")]))}
+    elsewhere = tmp_path / "cwd"
+    elsewhere.mkdir()
+    for argv, found, preloaded in [([], str(root / "zephon"), "True True"),
+                                   ([str(tmp_path / "other")], str(tmp_path / "other" / "zephon"), "False False")]:
+        out = subprocess.run([sys.executable, "-c", probe, *argv], capture_output=True, text=True, timeout=120,
+                             env=env, cwd=elsewhere)
+        assert out.returncode == 0, out.stderr[-2000:]
+        path, verdict = out.stdout.split(" ", 1)
+        assert path.startswith(found) and verdict.strip() == preloaded, out.stdout

@@ -7,6 +7,7 @@ count or completion order can change what a lane sees.
 
 from __future__ import annotations
 
+import functools
 import multiprocessing as mp
 import os
 import pickle
@@ -160,17 +161,39 @@ def check_picklable(**hooks: object) -> None:
 
 # Modules the forkserver imports once, before it forks any worker. Without them every worker imports
 # zephon (and through torchdata, torch: ~2.5 s here) on its own before its first chunk; with them a
-# worker starts as a fork of a process that has them, in milliseconds (BENCHMARKS.md section 1b).
+# worker starts as a fork of a process that has them (BENCHMARKS.md section 1b, scripts/bench/startup.py).
+# The trainer's own `__main__` is no substitute: before Python 3.13 the forkserver never preloads it
+# (CPython gh-126631), whatever the preload list says.
 WORKER_PRELOAD = ("zephon.runner", "zephon.lane_hosts")
+
+
+@functools.lru_cache(maxsize=1)
+def _server_finds_this_zephon() -> bool:
+    """Whether a forkserver would import *this* zephon. Before Python 3.12.8 / 3.13.1 the server ignores
+    the parent's ``sys.path`` (CPython gh-117378) and imports from a fresh interpreter's (same executable,
+    environment and directory); a program that put another checkout first on ``sys.path`` must not get
+    workers forked from a server holding a different zephon. Asked once, of a fresh interpreter
+    (``find_spec`` locates the package without importing it)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    here = Path(__file__).resolve().parent / "__init__.py"
+    probe = "import importlib.util as u; s = u.find_spec('zephon'); print(s.origin if s else '')"
+    try:
+        out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
+        return out.returncode == 0 and bool(out.stdout.strip()) and Path(out.stdout.strip()).resolve() == here
+    except (OSError, subprocess.SubprocessError):
+        return False
 
 
 def process_context() -> mp.context.BaseContext:
     """forkserver where the platform has it (no fork of a threaded trainer), else spawn.
 
     The forkserver is asked to preload :data:`WORKER_PRELOAD` in addition to whatever the program
-    already asked for (``__main__`` by default). That only takes effect if the forkserver is not
-    running yet: a program whose forkserver started earlier keeps its own preload, and correctness
-    never depends on it (a worker imports what it needs either way).
+    already asked for, if it would import this very zephon. That only takes effect if the forkserver
+    is not running yet: a program whose forkserver started earlier keeps its own preload. Correctness
+    never depends on it: a worker imports what it lacks.
     """
     if "forkserver" not in mp.get_all_start_methods():
         return mp.get_context("spawn")
@@ -180,7 +203,7 @@ def process_context() -> mp.context.BaseContext:
     server = getattr(forkserver, "_forkserver", None)
     current = list(getattr(server, "_preload_modules", None) or ["__main__"])
     wanted = current + [m for m in WORKER_PRELOAD if m not in current]
-    if wanted != current:
+    if wanted != current and _server_finds_this_zephon():
         ctx.set_forkserver_preload(wanted)
     return ctx
 
