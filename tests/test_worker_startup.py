@@ -67,7 +67,7 @@ def test_the_forkserver_starts_with_the_loader_and_preloads_zephon(corpus, sp_mo
 
 
 def test_no_preload_when_the_forkserver_would_import_another_zephon(tmp_path):
-    """Before Python 3.12.8 the forkserver imports from a fresh interpreter's sys.path, not the
+    """On Python 3.11 (CPython gh-117378) the forkserver imports from a fresh interpreter's sys.path, not the
     parent's: a program that put another zephon checkout first must not get workers forked from a
     server that holds a different zephon. Zephon then asks for no preload at all."""
     import shutil

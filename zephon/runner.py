@@ -161,16 +161,16 @@ def check_picklable(**hooks: object) -> None:
 
 # Modules the forkserver imports once, before it forks any worker. Without them every worker imports
 # zephon (and through torchdata, torch: ~2.5 s here) on its own before its first chunk; with them a
-# worker starts as a fork of a process that has them (BENCHMARKS.md section 1b, scripts/bench/startup.py).
-# The trainer's own `__main__` is no substitute: before Python 3.13 the forkserver never preloads it
-# (CPython gh-126631), whatever the preload list says.
+# worker starts as a fork of a process that has them (BENCHMARKS.md section 1d, scripts/bench/startup.py).
+# The trainer's own `__main__` is no substitute: until CPython gh-126631 was fixed (3.11 has not) the
+# forkserver never preloads it, whatever the preload list says.
 WORKER_PRELOAD = ("zephon.runner", "zephon.lane_hosts")
 
 
 @functools.lru_cache(maxsize=1)
 def _server_finds_this_zephon() -> bool:
-    """Whether a forkserver would import *this* zephon. Before Python 3.12.8 / 3.13.1 the server ignores
-    the parent's ``sys.path`` (CPython gh-117378) and imports from a fresh interpreter's (same executable,
+    """Whether a forkserver would import *this* zephon. Until CPython gh-117378 was fixed (3.11 has
+    not) the server ignores the parent's ``sys.path`` and imports from a fresh interpreter's (same executable,
     environment and directory); a program that put another checkout first on ``sys.path`` must not get
     workers forked from a server holding a different zephon. Asked once, of a fresh interpreter
     (``find_spec`` locates the package without importing it)."""
