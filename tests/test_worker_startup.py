@@ -2,8 +2,8 @@
 
 Checked from the outside, in a fresh interpreter (a forkserver that an earlier test started keeps its
 own preload): right after ``build_loader`` with worker processes, before the first batch, this
-process has a forkserver child, and that server maps torch's shared library and the extension module
-of the program's own preload. So no worker pays the import, and a program's preload list is kept.
+process has a forkserver child, that server maps torch's shared library, and it has imported the
+module of the program's own preload list. So no worker pays the import, and the program's list is kept.
 """
 
 from __future__ import annotations
@@ -25,28 +25,29 @@ import json, os, sys, time
 import multiprocessing as mp
 import zephon
 
-def server_maps():
+def server():
     me = f"/proc/{os.getpid()}/task"
     children = {int(c) for t in os.listdir(me) for c in open(f"{me}/{t}/children").read().split()}
     for pid in children:
         if b"forkserver" in open(f"/proc/{pid}/cmdline", "rb").read():
-            return open(f"/proc/{pid}/maps").read()
-    return None
+            return pid, open(f"/proc/{pid}/maps").read()
+    return None, None
 
 if __name__ == "__main__":
-    mp.set_forkserver_preload(["__main__", "decimal"])  # the program's own preload, to be kept
+    mp.set_forkserver_preload(["__main__", "preload_marker"])  # the program's own preload, to be kept
     recipe = zephon.recipe_from_dict(json.loads(sys.argv[1]))
     loader = zephon.build_loader(recipe, rank=0, world_size=1, num_workers=1, runner=sys.argv[2])
     deadline = time.monotonic() + 90
     while True:  # the server imports in the background; no batch has been asked for
-        maps = server_maps()
-        done = maps is not None and "libtorch_cpu" in maps and "_decimal" in maps
+        pid, maps = server()
+        marked = pid is not None and os.path.exists(os.path.join(sys.argv[3], f"imported-by-{pid}"))
+        done = maps is not None and "libtorch_cpu" in maps and marked
         if done or time.monotonic() > deadline:
             break
         time.sleep(0.2)
     print(json.dumps({"server": maps is not None,
                       "torch": maps is not None and "libtorch_cpu" in maps,
-                      "program_preload": maps is not None and "_decimal" in maps,
+                      "program_preload": marked,
                       "first_batch": sorted(next(iter(loader))) != []}))
     loader.close()
 """
@@ -57,9 +58,14 @@ def test_the_forkserver_starts_with_the_loader_and_preloads_zephon(corpus, sp_mo
     recipe = base_recipe_dict(corpus, {"kind": "sentencepiece", "path": str(sp_model)})
     script = tmp_path / "train.py"
     script.write_text(SCRIPT)
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    # on import, records which process imported it (the forkserver imports from PYTHONPATH, not sys.path)
+    (tmp_path / "preload_marker.py").write_text(
+        f"import os\nopen(os.path.join({str(marks)!r}, f'imported-by-{{os.getpid()}}'), 'w').close()\n")
     root = str(Path(__file__).resolve().parents[1])
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
-    proc = subprocess.run([sys.executable, str(script), json.dumps(recipe), runner],
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, str(tmp_path), os.environ.get("PYTHONPATH")]))}
+    proc = subprocess.run([sys.executable, str(script), json.dumps(recipe), runner, str(marks)],
                           capture_output=True, text=True, timeout=180, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     seen = json.loads(proc.stdout.strip().splitlines()[-1])

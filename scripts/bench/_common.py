@@ -75,6 +75,30 @@ def _tree_rss(proc) -> tuple[int, int]:
     return total, n
 
 
+def _tree_pss(proc) -> int:
+    """Summed PSS of proc + all descendants, in bytes (``/proc/PID/smaps_rollup``; 0 where unreadable).
+
+    Unlike summed RSS, PSS splits a page shared by k processes k ways: worker processes forked from a
+    forkserver that imported torch share its pages, and only PSS counts them once."""
+    import psutil
+
+    total = 0
+    try:
+        procs = [proc] + proc.children(recursive=True)
+    except psutil.Error:
+        return 0
+    for p in procs:
+        try:
+            with open(f"/proc/{p.pid}/smaps_rollup") as f:
+                for line in f:
+                    if line.startswith("Pss:"):
+                        total += int(line.split()[1]) * 1024
+                        break
+        except OSError:
+            pass
+    return total
+
+
 def child_env(extra_env: dict[str, str] | None = None) -> dict[str, str]:
     """Environment of a measured child: single-threaded tokenizer/BLAS, scripts/bench and the repo importable."""
     env = {**os.environ, **SINGLE_THREAD_ENV, **(extra_env or {})}
@@ -88,7 +112,8 @@ def run_task(script: Path, task: dict[str, Any], timeout: float, interval: float
 
     The result always has ``ok`` (bool); on failure ``error`` holds the last lines of the output.
     ``peak_rss_mb`` is the peak over the whole child lifetime of the summed RSS of the child and its
-    descendants; ``peak_main_rss_mb`` the peak of the child alone; ``rss_timeline`` (seconds, MB) samples.
+    descendants; ``peak_main_rss_mb`` the peak of the child alone; ``rss_timeline`` (seconds, MB) samples;
+    ``peak_pss_mb`` the peak of the tree's summed PSS, sampled once a second (shared pages counted once).
     """
     import psutil
 
@@ -99,7 +124,7 @@ def run_task(script: Path, task: dict[str, Any], timeout: float, interval: float
         task = {**task, "_out": str(out_path)}
         cmd = [sys.executable, str(script), "--_task", json.dumps(task)]
         t0 = time.perf_counter()
-        peak, peak_main, timeline, max_procs = 0, 0, [], 0
+        peak, peak_main, peak_pss, timeline, max_procs = 0, 0, 0, [], 0
         with open(log_path, "wb") as log:
             proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=str(REPO),
                                     start_new_session=True)
@@ -116,6 +141,7 @@ def run_task(script: Path, task: dict[str, Any], timeout: float, interval: float
                 now = time.perf_counter() - t0
                 if now - last_tl >= 1.0:
                     timeline.append((round(now, 1), round(rss / 2**20, 1)))
+                    peak_pss = max(peak_pss, _tree_pss(ps))
                     last_tl = now
                 if now > timeout:
                     timed_out = True
@@ -136,7 +162,8 @@ def run_task(script: Path, task: dict[str, Any], timeout: float, interval: float
         elif not result.get("ok"):
             tail = [line for line in output.strip().splitlines() if line.strip()][-6:]
             result.setdefault("error", f"exit code {proc.returncode}: " + " | ".join(tail)[-600:])
-        result.update(peak_rss_mb=peak / 2**20, peak_main_rss_mb=peak_main / 2**20, max_processes=max_procs,
+        result.update(peak_rss_mb=peak / 2**20, peak_main_rss_mb=peak_main / 2**20, peak_pss_mb=peak_pss / 2**20,
+                      max_processes=max_procs,
                       wall_s=wall, rss_timeline=timeline)
         if os.environ.get("ZEPHON_BENCH_ECHO"):
             sys.stderr.write(output)

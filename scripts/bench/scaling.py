@@ -283,11 +283,11 @@ def study_memory(args, recipe_path: Path) -> list[dict]:
         quarters = [max(tl[int(len(tl) * a):max(int(len(tl) * a) + 1, int(len(tl) * b))]) if tl else 0
                     for a, b in ((0, .25), (.25, .5), (.5, .75), (.75, 1))]
         rows.append([r["label"], "ok" if r.get("ok") else "FAILED", f"{r['peak_rss_mb']:,.0f}",
-                     f"{r['peak_main_rss_mb']:,.0f}", r["max_processes"],
+                     f"{r['peak_pss_mb']:,.0f}", f"{r['peak_main_rss_mb']:,.0f}", r["max_processes"],
                      " / ".join(f"{q:,.0f}" for q in quarters), (r.get("error") or "")[:60]])
     print()
-    print(fmt_table(["run", "", "peak RSS MB (tree)", "main process MB", "processes",
-                     "max RSS MB per quarter of the run", "error"], rows, align="llrrrll"))
+    print(fmt_table(["run", "", "peak RSS MB (tree)", "peak PSS MB (tree)", "main process MB", "processes",
+                     "max RSS MB per quarter of the run", "error"], rows, align="llrrrrll"))
     long = [r for r in out if r["long"] and r.get("ok")]
     base = [r for r in out if r.get("ok") and r["label"].startswith(f"seq_len {2048} (workers {args.workers} "
                                                                      f"{args.runner})")]
