@@ -331,6 +331,33 @@ def select_configs(cfgs: Sequence[dict[str, Any]], patterns: Sequence[str]) -> l
     return [c for c in cfgs if any(fnmatch.fnmatchcase(c["name"], p) for p in patterns)]
 
 
+def add_zephon_bench_args(ap, timeout: float) -> None:
+    """The options every Zephon-only benchmark takes: --data, --only, --zephon-src, --timeout, --json."""
+    ap.add_argument("--data", default="bench_data")
+    ap.add_argument("--only", default="", help="comma-separated names or globs")
+    ap.add_argument("--zephon-src", default="", help="a checkout whose zephon/ to measure instead of this one")
+    ap.add_argument("--timeout", type=float, default=timeout)
+    ap.add_argument("--json", default="")
+
+
+def zephon_bench_inputs(args, cfgs: Sequence[dict[str, Any]]) -> tuple[list[dict[str, Any]], Path, str]:
+    """From :func:`add_zephon_bench_args`'s options: (the configurations --only selects, the checked
+    corpus directory, the --zephon-src checkout as an absolute path or "")."""
+    chosen = select_configs(cfgs, only_patterns(args.only)) if args.only else list(cfgs)
+    data = Path(args.data).resolve()
+    require_data(data)
+    return chosen, data, str(Path(args.zephon_src).resolve()) if args.zephon_src else ""
+
+
+def zephon_src_first() -> None:
+    """In a measured child (``--_task``), put the task's ``zephon_src`` checkout first on ``sys.path``;
+    call before anything imports zephon."""
+    if "--_task" in sys.argv:
+        src = json.loads(sys.argv[sys.argv.index("--_task") + 1]).get("zephon_src")
+        if src and src not in sys.path:
+            sys.path.insert(0, src)
+
+
 # -- printing ----------------------------------------------------------------------------------------
 def fmt_table(headers: Sequence[str], rows: Sequence[Sequence[Any]], align: str | None = None) -> str:
     cells = [[str(h) for h in headers]] + [["" if c is None else str(c) for c in row] for row in rows]

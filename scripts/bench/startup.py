@@ -13,8 +13,8 @@ measures the three cases, in one subprocess per configuration and round:
   second loader  after the first loader is closed, a new one built and next() at once
 
 Each figure is seconds from ``build_loader`` to the first batch, not counting the set-up sleep; the
-main module imports torch and zephon at its top, as a training script does (a forkserver preloads
-the main module, so a worker finds those imports done once the server is up). Median over ``--rounds`` interleaved rounds.
+main module imports torch and zephon at its top, as a training script does (the fair baseline for
+the old code: where a forkserver preloads the main module, a worker would find those imports). Median over ``--rounds`` interleaved rounds.
 
     python scripts/bench/startup.py --data bench_data --rounds 3 --json bench_results/startup.json
     python scripts/bench/startup.py --data bench_data --zephon-src /tmp/zephon-old   # another checkout
@@ -31,15 +31,15 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-if "--_task" in sys.argv:  # a measured child: --zephon-src must win before zephon is imported below
-    _src = json.loads(sys.argv[sys.argv.index("--_task") + 1]).get("zephon_src")
-    if _src:
-        sys.path.insert(0, _src)
-# As in a training script, torch and zephon are imported at the top of the main module. That matters:
-# a forkserver preloads the main module, so its imports are what a worker process finds already there.
+from _common import (  # noqa: E402
+    add_zephon_bench_args, fmt_table, machine_info, run_task, task_main, zephon_bench_inputs, zephon_src_first,
+)
+
+zephon_src_first()  # a measured child: --zephon-src must win before zephon is imported below
+# As in a training script, torch and zephon are imported at the top of the main module: where the
+# forkserver preloads the main module (not on 3.11, CPython gh-126631), workers would find them there.
 import torch  # noqa: E402,F401
 import zephon  # noqa: E402
-from _common import fmt_table, machine_info, only_patterns, require_data, run_task, select_configs, task_main  # noqa: E402
 
 SCRIPT = Path(__file__).resolve()
 BATCH, SEQ = 32, 2048
@@ -79,20 +79,11 @@ def _measure(task: dict[str, Any]) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--data", default="bench_data")
+    add_zephon_bench_args(ap, timeout=300.0)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--setup", type=float, default=5.0, help="seconds of trainer set-up between build and next()")
-    ap.add_argument("--only", default="", help="comma-separated names or globs")
-    ap.add_argument("--zephon-src", default="", help="a checkout whose zephon/ to measure instead of this one")
-    ap.add_argument("--timeout", type=float, default=300.0)
-    ap.add_argument("--json", default="")
     args = ap.parse_args(argv)
-    cfgs = configs()
-    if args.only:
-        cfgs = select_configs(cfgs, only_patterns(args.only))
-    data = Path(args.data).resolve()
-    require_data(data)
-    src = str(Path(args.zephon_src).resolve()) if args.zephon_src else ""
+    cfgs, data, src = zephon_bench_inputs(args, configs())
     print(f"# time to first batch ([{BATCH}, {SEQ}]): immediate / after {args.setup:g} s of set-up / second loader; "
           f"median of {args.rounds} rounds, one subprocess per configuration, case and round")
     print(f"# machine: {machine_info()}", flush=True)

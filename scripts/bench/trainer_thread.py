@@ -32,7 +32,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import (  # noqa: E402
-    fmt_table, machine_info, require_data, run_task, select_configs, only_patterns, task_main,
+    add_zephon_bench_args, fmt_table, machine_info, run_task, task_main, zephon_bench_inputs, zephon_src_first,
 )
 
 SCRIPT = Path(__file__).resolve()
@@ -50,8 +50,7 @@ def configs() -> list[dict[str, Any]]:
 
 
 def _measure(task: dict[str, Any]) -> dict[str, Any]:
-    if task.get("zephon_src"):
-        sys.path.insert(0, task["zephon_src"])
+    zephon_src_first()
     import zephon
     from _pipelines import build_zephon
 
@@ -78,21 +77,12 @@ def _measure(task: dict[str, Any]) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--data", default="bench_data")
+    add_zephon_bench_args(ap, timeout=600.0)
     ap.add_argument("--steps", type=int, default=60, help="batches per timed window")
     ap.add_argument("--warmup", type=int, default=48)
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--only", default="", help="comma-separated names or globs")
-    ap.add_argument("--zephon-src", default="", help="a checkout whose zephon/ to measure instead of this one")
-    ap.add_argument("--timeout", type=float, default=600.0)
-    ap.add_argument("--json", default="")
     args = ap.parse_args(argv)
-    cfgs = configs()
-    if args.only:
-        cfgs = select_configs(cfgs, only_patterns(args.only))
-    data = Path(args.data).resolve()
-    require_data(data)
-    src = str(Path(args.zephon_src).resolve()) if args.zephon_src else ""
+    cfgs, data, src = zephon_bench_inputs(args, configs())
     print(f"# trainer thread: CPU per [{BATCH}, {SEQ}] batch on the thread calling next(loader); {args.warmup} "
           f"warm-up batches, then median of {args.repeats} windows x {args.steps}; one subprocess per configuration")
     print(f"# machine: {machine_info()}", flush=True)
