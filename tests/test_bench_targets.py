@@ -68,3 +68,45 @@ def test_scaling_is_also_checked_against_one_worker_on_one_cpu_which_never_count
     assert "rounds 0.95-1.90" in pinned and "held in 1/2" in pinned
     best = line_for(lines, "1 workers: zephon wrap (best runner) >= torchdata (best)")
     assert "rounds 1.00-1.10" in best  # the pinned 200 of round 2 is not zephon's best runner
+
+
+def test_fetch_targets_use_records_per_s_and_check_the_one_core_consumer():
+    def recs(*values):
+        return [{"ok": True, "records_per_s": v} for v in values]
+
+    per_cfg = {
+        "grain_1": recs(10_000, 12_000, 11_000),
+        "torchdata_nodes_1_thread": recs(20_000, 18_000, 30_000),
+        "zephon_wrap_1_thread": recs(25_000, 24_000, 27_000),
+        "zephon_wrap_0_inline": recs(17_000, 15_000, 16_500),
+    }
+    lines = _targets.target_report(per_cfg, pipeline="fetch")
+    assert not [line for line in lines if "plain_loop" in line or "1.8 x" in line]  # text-pipeline targets only
+    floor = line_for(lines, "zephon wrap on one core (0 workers) >= 16,000 records/s")
+    assert floor.startswith("MET") and "median  16,500" in floor and "held in 2/3" in floor
+    td = line_for(lines, "1 workers: zephon wrap thread >= torchdata thread")
+    assert td.startswith("MET") and "rounds 0.90-1.33" in td and "held in 2/3" in td  # 1.25, 1.33, 0.90
+    assert line_for(lines, "1 workers: zephon wrap (best runner) > grain (best)").startswith("MET")
+
+
+def test_median_round_reports_the_middle_round_and_flags_runs_that_hashed_differently():
+    runs = [{"ok": True, "records_per_s": v, "first_batch_s": 1.0, "peak_rss_mb": m, "digests": d}
+            for v, m, d in ((30, 100, ["a"]), (10, 300, ["a"]), (20, 200, ["b"]))]
+    pick = _targets.median_round(runs, "records_per_s")
+    assert pick["records_per_s"] == 20 and pick["round_records_per_s"] == [30, 10, 20]
+    assert pick["peak_rss_mb"] == 300 and pick["repeats_agree"] is False
+    failed = _targets.median_round(runs[:1] + [{"ok": False, "error": "boom"}])
+    assert failed == {"ok": False, "error": "boom"}
+
+
+def test_hash_check_names_the_first_differing_batch_per_algorithm():
+    def z(algo, digests):
+        return {"kind": "zephon", "ok": True, "params": {"algorithm": algo}, "digests": digests}
+
+    results = {"zephon_wrap_0_inline": z("wrap", ["a", "b", "c"]), "zephon_wrap_2_pool": z("wrap", ["a", "x", "c"]),
+               "zephon_best_fit_0_inline": z("best_fit", ["d", "e"]), "zephon_best_fit_2_thread": z("best_fit", ["d", "e"]),
+               "grain_2": {"kind": "grain", "ok": True}}
+    lines, mismatch, failed = _targets.zephon_hash_check(results)
+    assert mismatch and not failed
+    assert "HASH MISMATCH [wrap]: zephon_wrap_2_pool differs from zephon_wrap_0_inline at batch 1" in lines
+    assert any(line.startswith("zephon best_fit: 2 configurations agree on all 2 batch SHA-256s") for line in lines)

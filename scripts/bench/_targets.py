@@ -1,11 +1,12 @@
-"""Issue 3's throughput targets, checked round by round (used by text_pipeline.py).
+"""A benchmark's rounds, summarised: the median round, Zephon's hash agreement, and issue 3's throughput
+targets checked round by round (used by text_pipeline.py, sliced.py and fetch_batch.py).
 
 This VM's speed drifts by up to 1.5x over minutes, so two configurations' medians can differ by more
 than their real difference. Within one round every configuration runs back to back, so a *ratio taken
 inside a round* (Zephon / torchdata in round r) cancels the slow drift. Each target below is reported as
 the median of its per-round ratios, the min-max over rounds, and in how many rounds it held.
 
-Targets:
+Targets of the text pipeline (``target_report``):
 
 * ``1w >= 0.95 plain``: every Zephon 1-worker configuration reaches 95% of the plain single-process loop;
 * ``2w >= 1.8 x 1w``: every Zephon (algorithm, runner) with 2 workers reaches 1.8x its 1-worker figure;
@@ -14,6 +15,9 @@ Targets:
 * ``>= torchdata`` and ``> grain``, at every worker count: Zephon's best runner for that count (per
   packing algorithm) against the peer's best configuration for that count, and the same runner kind
   against the same runner kind (thread vs thread, process vs process) where the peer has it.
+
+Fetch-and-batch (``target_report(..., pipeline="fetch")``, on records/s): the peer comparisons at every
+worker count, and Zephon on one core (no workers) at or above a 16,000 records/s consumer.
 """
 
 from __future__ import annotations
@@ -23,15 +27,66 @@ import statistics
 from typing import Any
 
 
-def _per_round(per_cfg: dict[str, list[dict[str, Any]]], pattern: str) -> dict[str, list[float | None]]:
-    """Per-round tokens/s of the configurations ``pattern`` matches. Pinned (``_1cpu``) configurations
+CONSUMER_RECORDS_PER_S = 16_000  # the fetch-and-batch consumer the engine must never limit, on one core
+
+
+def median_round(rounds: list[dict[str, Any]], metric: str = "tokens_per_s") -> dict[str, Any]:
+    """One configuration's rounds -> the round with the median ``metric`` (lower middle for an even count),
+    with every round's figure in ``round_<metric>``; failed if any round failed; the batch hashes must
+    agree between rounds."""
+    bad = [r for r in rounds if not r.get("ok")]
+    if bad:
+        return bad[0]
+    ranked = sorted(rounds, key=lambda r: r[metric])
+    pick = dict(ranked[(len(ranked) - 1) // 2])
+    pick[f"round_{metric}"] = [r[metric] for r in rounds]
+    pick["round_first_batch_s"] = [r["first_batch_s"] for r in rounds]
+    pick["peak_rss_mb"] = max(r["peak_rss_mb"] for r in rounds)
+    if any(r.get("digests") != rounds[0].get("digests") for r in rounds):
+        pick["repeats_agree"] = False
+    return pick
+
+
+def zephon_hash_check(results: dict[str, dict[str, Any]]) -> tuple[list[str], bool, bool]:
+    """Every Zephon configuration of one pack algorithm must have produced the same batch SHA-256s (and
+    the same ones in each of its runs). Returns (report lines, any mismatch, any Zephon failure)."""
+    lines, mismatch = [], False
+    zr = {n: r for n, r in results.items() if r.get("kind") == "zephon"}
+    failed = [n for n, r in zr.items() if not r.get("ok")]
+    by_algo: dict[str, list[str]] = {}
+    for n, r in zr.items():
+        if r.get("ok"):
+            by_algo.setdefault(r["params"]["algorithm"], []).append(n)
+    for algo, names in by_algo.items():
+        ref = results[names[0]]["digests"]
+        bad = [n for n in names if results[n]["digests"] != ref]
+        rep = [n for n in names if not results[n].get("repeats_agree", True)]
+        if bad or rep:
+            mismatch = True
+            for n in bad:
+                d = results[n]["digests"]
+                first = next((i for i, (a, b) in enumerate(zip(d, ref)) if a != b), min(len(d), len(ref)))
+                lines.append(f"HASH MISMATCH [{algo}]: {n} differs from {names[0]} at batch {first}")
+            for n in rep:
+                lines.append(f"HASH MISMATCH [{algo}]: {n} gave different batches in different runs")
+        else:
+            lines.append(f"zephon {algo}: {len(names)} configurations agree on all {len(ref)} batch SHA-256s "
+                         f"(first {ref[0][:16]}..., last {ref[-1][:16]}...)")
+    for n in failed:
+        lines.append(f"zephon configuration FAILED (not hash-checked): {n}: {results[n].get('error')}")
+    return lines, mismatch, bool(failed)
+
+
+def _per_round(per_cfg: dict[str, list[dict[str, Any]]], pattern: str,
+               metric: str = "tokens_per_s") -> dict[str, list[float | None]]:
+    """Per-round ``metric`` of the configurations ``pattern`` matches. Pinned (``_1cpu``) configurations
     match only a pattern that names them: they are baselines, not contenders for "best runner"."""
     out = {}
     for name, rounds in per_cfg.items():
         if name.endswith("_1cpu") and not pattern.endswith("_1cpu"):
             continue
         if fnmatch.fnmatchcase(name, pattern):
-            out[name] = [r["tokens_per_s"] if r.get("ok") else None for r in rounds]
+            out[name] = [r[metric] if r.get("ok") else None for r in rounds]
     return out
 
 
@@ -56,12 +111,32 @@ def _ratio_line(label: str, num: list[float | None], den: list[float | None], bo
             f"{max(ratios):.2f}  held in {held}/{len(ratios)} rounds")
 
 
-def target_report(per_cfg: dict[str, list[dict[str, Any]]]) -> list[str]:
-    """Lines, one per target, from every configuration's list of rounds."""
+def _floor_line(label: str, values: list[float | None], floor: float) -> str | None:
+    vals = [v for v in values if v is not None]
+    if not vals:
+        return None
+    med = statistics.median(vals)
+    return (f"{'MET    ' if med >= floor else 'NOT MET'} {label:<58} median {med:7,.0f}  rounds {min(vals):,.0f}-"
+            f"{max(vals):,.0f}  held in {sum(v >= floor for v in vals)}/{len(vals)} rounds")
+
+
+def target_report(per_cfg: dict[str, list[dict[str, Any]]], pipeline: str = "text") -> list[str]:
+    """Lines, one per target, from every configuration's list of rounds. ``pipeline``: ``"text"``
+    (text_pipeline.py and sliced.py names, tokens/s) or ``"fetch"`` (fetch_batch.py names, records/s)."""
+    if pipeline not in ("text", "fetch"):
+        raise ValueError(f"pipeline must be 'text' or 'fetch', got {pipeline!r}")
+    text = pipeline == "text"
+    metric = "tokens_per_s" if text else "records_per_s"
     n = max((len(v) for v in per_cfg.values()), default=0)
     lines: list[str] = []
-    plain = _per_round(per_cfg, "plain_loop").get("plain_loop")
-    for algo in ("best_fit", "wrap"):
+    if not text:
+        for algo in ("best_fit", "wrap"):
+            inline = _per_round(per_cfg, f"zephon_{algo}_0_inline", metric).get(f"zephon_{algo}_0_inline")
+            if inline:
+                lines.append(_floor_line(f"zephon {algo} on one core (0 workers) >= {CONSUMER_RECORDS_PER_S:,} "
+                                         f"records/s", inline, CONSUMER_RECORDS_PER_S))
+    plain = _per_round(per_cfg, "plain_loop").get("plain_loop") if text else None
+    for algo in ("best_fit", "wrap") if text else ():
         for runner in ("thread", "pool", "process"):
             one = _per_round(per_cfg, f"zephon_{algo}_1_{runner}").get(f"zephon_{algo}_1_{runner}")
             two = _per_round(per_cfg, f"zephon_{algo}_2_{runner}").get(f"zephon_{algo}_2_{runner}")
@@ -74,12 +149,13 @@ def target_report(per_cfg: dict[str, list[dict[str, Any]]]) -> list[str]:
                 lines.append(_ratio_line(f"zephon {algo} 2 {runner} workers >= 1.8 x 1 worker on 1 CPU", two, one_cpu, 1.8))
     for w in (0, 1, 2):
         for algo in ("best_fit", "wrap"):
-            zephon_runs = _per_round(per_cfg, f"zephon_{algo}_{w}_*")
+            zephon_runs = _per_round(per_cfg, f"zephon_{algo}_{w}_*", metric)
             if not zephon_runs:
                 continue
             mine = _best(zephon_runs, n)
-            for peer, pat, strict in (("torchdata", f"torchdata_nodes_{w}*", False), ("grain", f"grain_*_{w}", True)):
-                theirs = _per_round(per_cfg, pat)
+            grain = f"grain_*_{w}" if text else f"grain_{w}"  # text: one per Grain packer; fetch: no packing
+            for peer, pat, strict in (("torchdata", f"torchdata_nodes_{w}*", False), ("grain", grain, True)):
+                theirs = _per_round(per_cfg, pat, metric)
                 if theirs:
                     word = ">" if strict else ">="
                     lines.append(_ratio_line(f"{w} workers: zephon {algo} (best runner) {word} {peer} (best)",
@@ -87,7 +163,8 @@ def target_report(per_cfg: dict[str, list[dict[str, Any]]]) -> list[str]:
             if w:  # like for like: the same runner kind on both sides
                 for runner, peer_method in (("thread", "thread"), ("pool", "process"), ("process", "process")):
                     z = zephon_runs.get(f"zephon_{algo}_{w}_{runner}")
-                    t = _per_round(per_cfg, f"torchdata_nodes_{w}_{peer_method}").get(f"torchdata_nodes_{w}_{peer_method}")
+                    t = _per_round(per_cfg, f"torchdata_nodes_{w}_{peer_method}", metric).get(
+                        f"torchdata_nodes_{w}_{peer_method}")
                     if z and t:
                         lines.append(_ratio_line(f"{w} workers: zephon {algo} {runner} >= torchdata {peer_method}",
                                                  z, t, 1.0))

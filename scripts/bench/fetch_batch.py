@@ -22,9 +22,12 @@ Reported: records/s (documents fetched, tokenized and placed in a batch per seco
 figure), rows/s (= samples of 128 tokens; for the padded pipelines one record per row) and the share of
 non-padding tokens. A record counts when its EOS lands in a batch (for Zephon: EOS tokens outside padding,
 ``segment_ids != 0``).
-Protocol as in text_pipeline.py: one subprocess per configuration, warm-up, then median of timed windows.
+Protocol as in text_pipeline.py: one subprocess per configuration and round, warm-up, then the median of
+timed windows; ``--rounds`` interleaved rounds, the median round reported. Every Zephon configuration's
+batch SHA-256s must agree (exit status 1 otherwise, 2 if a Zephon configuration failed), and issue 3's
+fetch-and-batch targets are checked inside each round (scripts/bench/_targets.py).
 
-    python scripts/bench/fetch_batch.py --data bench_data
+    python scripts/bench/fetch_batch.py --data bench_data --rounds 3 --json bench_results/fetch_batch3.json
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ from _common import (  # noqa: E402
     RowGroupReader, derived_is_current, fmt_table, machine_info, mark_derived, measure_stream, require_data,
     only_patterns, run_task, select_configs, task_main,
 )
+from _targets import median_round, target_report, zephon_hash_check  # noqa: E402
 
 SCRIPT = Path(__file__).resolve()
 SEQ = 128
@@ -234,21 +238,24 @@ def build(kind: str, fetch: Path, params: dict, holder: dict):
 
 
 def configs() -> list[dict[str, Any]]:
+    """Every loader at 0, 1 and 2 workers, with each runner it has."""
     c: list[dict[str, Any]] = [{"name": "plain_loop", "kind": "plain_loop", "workers": 0, "runner": "-", "params": {}}]
-    for w in (0, 2):
+    for w in (0, 1, 2):
         c.append({"name": f"grain_{w}", "kind": "grain", "workers": w, "runner": "process" if w else "inline",
                   "params": {"workers": w}})
     c.append({"name": "torchdata_nodes_0", "kind": "torchdata", "workers": 0, "runner": "inline",
               "params": {"workers": 0}})
-    for m in ("thread", "process"):
-        c.append({"name": f"torchdata_nodes_2_{m}", "kind": "torchdata", "workers": 2, "runner": m,
-                  "params": {"workers": 2, "method": m}})
+    for w in (1, 2):
+        for m in ("thread", "process"):
+            c.append({"name": f"torchdata_nodes_{w}_{m}", "kind": "torchdata", "workers": w, "runner": m,
+                      "params": {"workers": w, "method": m}})
     for algo in ("wrap", "best_fit"):
         c.append({"name": f"zephon_{algo}_0_inline", "kind": "zephon", "workers": 0, "runner": "inline",
                   "params": {"algorithm": algo, "workers": 0, "runner": "thread"}})
-        for r in ("thread", "process"):
-            c.append({"name": f"zephon_{algo}_2_{r}", "kind": "zephon", "workers": 2, "runner": r,
-                      "params": {"algorithm": algo, "workers": 2, "runner": r}})
+        for w in (1, 2):
+            for r in ("thread", "pool", "process"):
+                c.append({"name": f"zephon_{algo}_{w}_{r}", "kind": "zephon", "workers": w, "runner": r,
+                          "params": {"algorithm": algo, "workers": w, "runner": r}})
     return c
 
 
@@ -261,6 +268,9 @@ def run_config(task: dict[str, Any]) -> dict[str, Any]:
     eos = json.loads((fetch / "wordlevel.json").read_text())["model"]["vocab"][EOS]
     nonpad: list[float] = []
     records: list[int] = []  # documents that end (their EOS) in each batch, warm-up included
+    digests: list[str] = []  # Zephon: every batch's SHA-256 (its time excluded, as for on_batch's work)
+    if cfg["kind"] == "zephon":
+        import zephon
 
     def make():
         return build(cfg["kind"], fetch, cfg["params"], holder)
@@ -272,7 +282,8 @@ def run_config(task: dict[str, Any]) -> dict[str, Any]:
 
     def on_batch(run: int, i: int, b: dict) -> None:
         x = b["input_ids"]
-        if "segment_ids" in b:  # Zephon: packed rows; a record is delivered where its EOS is (not padding)
+        if cfg["kind"] == "zephon":  # packed rows; a record is delivered where its EOS is (not padding)
+            digests.append(zephon.batch_digest(b))
             real = b["segment_ids"] != 0
             nonpad.append(float(real.float().mean()))
             records.append(int(((x == eos) & real).sum()))
@@ -291,6 +302,8 @@ def run_config(task: dict[str, Any]) -> dict[str, Any]:
     res.update(rows_per_s=statistics.median(rows_s), records_per_s=statistics.median(recs_s),
                records_per_s_windows=recs_s, records_per_row=sum(records) / (len(records) * BATCH),
                nonpad_fraction=sum(nonpad) / max(1, len(nonpad)))
+    if digests:
+        res["digests"] = digests
     return res
 
 
@@ -299,7 +312,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--data", default="bench_data")
     ap.add_argument("--steps", type=int, default=40, help="timed batches per window")
     ap.add_argument("--warmup", type=int, default=20)
-    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--repeats", type=int, default=3, help="timed windows per run; a run's figure is their median")
+    ap.add_argument("--rounds", type=int, default=3,
+                    help="run every configuration this many times, interleaved (every other round in reverse "
+                         "order), in a fresh subprocess each time, and report the median round")
     ap.add_argument("--only", default="", help="comma-separated names or globs")
     ap.add_argument("--list", action="store_true")
     ap.add_argument("--rebuild", action="store_true", help="rebuild DIR/fetch (records, tokenizer, recipe)")
@@ -326,18 +342,23 @@ def main(argv: list[str] | None = None) -> int:
           f"tokenizer (1024 words), batches [{BATCH}, {SEQ}] int64")
     print(f"# measured: records/s = documents fetched + tokenized + placed in a batch per second; rows/s = "
           f"[{SEQ}] samples per second (padded loaders: one record per row; Zephon packs several)")
-    print(f"# protocol: {args.warmup} warm-up batches, then {args.repeats} windows x {args.steps} batches, median; "
-          f"one subprocess per configuration")
+    print(f"# protocol: {args.rounds} interleaved round(s), a fresh subprocess per configuration and round: "
+          f"{args.warmup} warm-up batches, then {args.repeats} windows x {args.steps} batches (median window); "
+          f"the median round is reported; Zephon's batch hashing excluded from timings")
     print(f"# machine: {machine_info()}", flush=True)
-    results: dict[str, Any] = {}
-    for c in cfgs:
-        task = {"kind": "fetch", "config": c, "fetch": str(fetch), "steps": args.steps, "warmup": args.warmup,
-                "repeats": args.repeats}
-        print(f"  {c['name']:<26}", end=" ", flush=True)
-        r = run_task(SCRIPT, task, timeout=args.timeout)
-        results[c["name"]] = {**c, **r}
-        print(f"{r['records_per_s'] / 1e3:8.1f} k records/s" if r.get("ok") else f"FAILED: {r.get('error')}",
-              flush=True)
+    per_cfg: dict[str, list[dict[str, Any]]] = {c["name"]: [] for c in cfgs}
+    for rnd in range(max(1, args.rounds)):
+        if args.rounds > 1:
+            print(f"# round {rnd + 1} of {args.rounds}", flush=True)
+        for c in (cfgs if rnd % 2 == 0 else cfgs[::-1]):
+            task = {"kind": "fetch", "config": c, "fetch": str(fetch), "steps": args.steps, "warmup": args.warmup,
+                    "repeats": args.repeats}
+            print(f"  {c['name']:<26}", end=" ", flush=True)
+            r = run_task(SCRIPT, task, timeout=args.timeout)
+            per_cfg[c["name"]].append(r)
+            print(f"{r['records_per_s'] / 1e3:8.1f} k records/s" if r.get("ok") else f"FAILED: {r.get('error')}",
+                  flush=True)
+    results = {c["name"]: {**c, **median_round(per_cfg[c["name"]], "records_per_s")} for c in cfgs}
     base = results.get("plain_loop", {}).get("records_per_s") if results.get("plain_loop", {}).get("ok") else None
     rows = []
     for n, r in results.items():
@@ -345,18 +366,27 @@ def main(argv: list[str] | None = None) -> int:
             rows.append([n, r["workers"], r["runner"], "FAILED", "", "", "", "", "", f"{r['peak_rss_mb']:.0f}",
                          (r.get("error") or "")[:100]])
             continue
-        recs = r["records_per_s_windows"]
+        spread = r.get("round_records_per_s") or [r["records_per_s"]]
         rows.append([n, r["workers"], r["runner"], f"{r['records_per_s'] / 1e3:,.1f}",
                      f"{r['records_per_s'] / base:.2f}" if base else "-", f"{r['rows_per_s'] / 1e3:,.1f}",
                      f"{r['records_per_row']:.2f}",
                      f"{100 * r['nonpad_fraction']:.0f}", f"{r['first_batch_s']:.2f}", f"{r['peak_rss_mb']:,.0f}",
-                     f"{min(recs) / 1e3:.1f}-{max(recs) / 1e3:.1f}k"])
+                     f"{min(spread) / 1e3:.1f}-{max(spread) / 1e3:.1f}k"])
     print()
     print(fmt_table(["config", "workers", "runner", "k records/s", "x plain_loop", "k rows/s", "records/row",
-                     "non-pad %", "1st batch s", "peak RSS MB", "windows (records/s)"], rows, align="lrlrrrrrrrl"))
+                     "non-pad %", "1st batch s", "peak RSS MB", "rounds min-max / error"], rows, align="lrlrrrrrrrl"))
+    check_lines, mismatch, zephon_failed = zephon_hash_check(results)
+    print()
+    print("\n".join(check_lines))
+    targets = target_report(per_cfg, pipeline="fetch")
+    if targets:
+        print("\n# issue 3 targets, ratios taken inside each round (see scripts/bench/_targets.py)")
+        print("\n".join(targets))
+    code = 1 if mismatch else 2 if zephon_failed else 0
     if args.json:
-        Path(args.json).write_text(json.dumps({"args": vars(args), "results": results}, indent=1))
-    return 0
+        Path(args.json).write_text(json.dumps({"args": vars(args), "results": results, "per_round": per_cfg,
+                                               "targets": targets, "exit_code": code}, indent=1))
+    return code
 
 
 if __name__ == "__main__":

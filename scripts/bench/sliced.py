@@ -307,9 +307,8 @@ def report(cfgs, slots, results, per_pass, args, total_s) -> int:
     print("x ceiling: against the tokenizer alone on as many helper threads as the configuration has workers "
           "(tokenizer_alone_thread for 0-1, tokenizer_alone_2threads for 2)")
     # determinism: every Zephon configuration of one pack algorithm hashed the same warm-up batches
-    import text_pipeline
-    lines, mismatch, zephon_failed = text_pipeline.zephon_hash_check({c["name"]: {**c, **results[c["name"]]}
-                                                                     for c in cfgs if c["name"] in results})
+    lines, mismatch, zephon_failed = _targets.zephon_hash_check({c["name"]: {**c, **results[c["name"]]}
+                                                                 for c in cfgs if c["name"] in results})
     print()
     print("\n".join(lines))
     code = 1 if mismatch else 2 if zephon_failed else 0

@@ -55,6 +55,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _targets  # noqa: E402
+from _targets import median_round, zephon_hash_check  # noqa: E402
 from _common import (  # noqa: E402
     fmt_table, machine_info, measure_stream, only_patterns, pin_cpus, require_data, run_task, select_configs,
     task_main,
@@ -311,23 +312,6 @@ def main(argv: list[str] | None = None) -> int:
     return code
 
 
-def median_round(rounds: list[dict[str, Any]]) -> dict[str, Any]:
-    """One configuration's rounds -> the round with the median tokens/s (lower middle for an even count),
-    with every round's figure in ``round_tokens_per_s``; failed if any round failed; the batch hashes must
-    agree between rounds."""
-    bad = [r for r in rounds if not r.get("ok")]
-    if bad:
-        return bad[0]
-    ranked = sorted(rounds, key=lambda r: r["tokens_per_s"])
-    pick = dict(ranked[(len(ranked) - 1) // 2])
-    pick["round_tokens_per_s"] = [r["tokens_per_s"] for r in rounds]
-    pick["round_first_batch_s"] = [r["first_batch_s"] for r in rounds]
-    pick["peak_rss_mb"] = max(r["peak_rss_mb"] for r in rounds)
-    if any(r.get("digests") != rounds[0].get("digests") for r in rounds):
-        pick["repeats_agree"] = False
-    return pick
-
-
 def render_table(results: dict[str, dict[str, Any]]) -> str:
     def tps(name: str) -> float | None:
         r = results.get(name)
@@ -357,34 +341,6 @@ def render_table(results: dict[str, dict[str, Any]]) -> str:
                       "peak RSS MB", "pad % (flush)", "1st batch s", "k tok/s all windows", "k tok/s incl. startup",
                       ("rounds" if any(r.get("round_tokens_per_s") for r in results.values()) else "windows")
                       + " min-max / error"], rows, align="lrlrrrrrrrrl")
-
-
-def zephon_hash_check(results: dict[str, dict[str, Any]]) -> tuple[list[str], bool, bool]:
-    lines, mismatch = [], False
-    zr = {n: r for n, r in results.items() if r.get("kind") == "zephon"}
-    failed = [n for n, r in zr.items() if not r.get("ok")]
-    by_algo: dict[str, list[str]] = {}
-    for n, r in zr.items():
-        if r.get("ok"):
-            by_algo.setdefault(r["params"]["algorithm"], []).append(n)
-    for algo, names in by_algo.items():
-        ref = results[names[0]]["digests"]
-        bad = [n for n in names if results[n]["digests"] != ref]
-        rep = [n for n in names if not results[n].get("repeats_agree", True)]
-        if bad or rep:
-            mismatch = True
-            for n in bad:
-                d = results[n]["digests"]
-                first = next((i for i, (a, b) in enumerate(zip(d, ref)) if a != b), min(len(d), len(ref)))
-                lines.append(f"HASH MISMATCH [{algo}]: {n} differs from {names[0]} at batch {first}")
-            for n in rep:
-                lines.append(f"HASH MISMATCH [{algo}]: {n} gave different batches in different runs")
-        else:
-            lines.append(f"zephon {algo}: {len(names)} configurations agree on all {len(ref)} batch SHA-256s "
-                         f"(first {ref[0][:16]}..., last {ref[-1][:16]}...)")
-    for n in failed:
-        lines.append(f"zephon configuration FAILED (not hash-checked): {n}: {results[n].get('error')}")
-    return lines, mismatch, bool(failed)
 
 
 if __name__ == "__main__":
