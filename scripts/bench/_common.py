@@ -57,16 +57,22 @@ def pin_cpus(cfg: dict[str, Any]) -> None:
 
 
 # -- the parent side ---------------------------------------------------------------------------------
+def _tree(proc) -> list:
+    """proc and all its descendants (empty if proc is gone)."""
+    import psutil
+
+    try:
+        return [proc] + proc.children(recursive=True)
+    except psutil.Error:
+        return []
+
+
 def _tree_rss(proc) -> tuple[int, int]:
     """(RSS of proc + all descendants, number of processes) in bytes; vanished processes are skipped."""
     import psutil
 
     total, n = 0, 0
-    try:
-        procs = [proc] + proc.children(recursive=True)
-    except psutil.Error:
-        return 0, 0
-    for p in procs:
+    for p in _tree(proc):
         try:
             total += p.memory_info().rss
             n += 1
@@ -80,14 +86,8 @@ def _tree_pss(proc) -> int:
 
     Unlike summed RSS, PSS splits a page shared by k processes k ways: worker processes forked from a
     forkserver that imported torch share its pages, and only PSS counts them once."""
-    import psutil
-
     total = 0
-    try:
-        procs = [proc] + proc.children(recursive=True)
-    except psutil.Error:
-        return 0
-    for p in procs:
+    for p in _tree(proc):
         try:
             with open(f"/proc/{p.pid}/smaps_rollup") as f:
                 for line in f:
