@@ -110,3 +110,38 @@ def test_hash_check_names_the_first_differing_batch_per_algorithm():
     assert mismatch and not failed
     assert "HASH MISMATCH [wrap]: zephon_wrap_2_pool differs from zephon_wrap_0_inline at batch 1" in lines
     assert any(line.startswith("zephon best_fit: 2 configurations agree on all 2 batch SHA-256s") for line in lines)
+
+
+def test_adjacent_pair_order_keeps_each_one_and_two_worker_pair_back_to_back():
+    import random
+
+    names = ["plain_loop", "tokenizer_alone_thread", "tokenizer_alone_2threads", "zephon_wrap_1_thread",
+             "zephon_wrap_2_thread", "zephon_best_fit_1_process", "zephon_best_fit_2_process",
+             "torchdata_nodes_2_thread"]
+    leading, wrap_1_first = set(), set()
+    for seed in range(40):
+        order = _targets.adjacent_pair_order(names, random.Random(seed))
+        assert sorted(order) == sorted(names)
+        for a, b in (("tokenizer_alone_thread", "tokenizer_alone_2threads"),
+                     ("zephon_wrap_1_thread", "zephon_wrap_2_thread"),
+                     ("zephon_best_fit_1_process", "zephon_best_fit_2_process")):
+            assert abs(order.index(a) - order.index(b)) == 1, (seed, order)
+        leading.add(order[0])
+        wrap_1_first.add(order.index("zephon_wrap_1_thread") < order.index("zephon_wrap_2_thread"))
+    assert wrap_1_first == {True, False}  # either member of a pair may go first
+    assert len(leading) > 2  # and the pairs themselves move around
+
+
+def test_totals_ratio_pairs_each_runner_with_its_own_one_worker_figure():
+    totals = {"tokenizer_alone_thread": (10.0, 4_000_000), "tokenizer_alone_2threads": (10.0, 7_900_000),
+              "zephon_wrap_1_thread": (12.0, 5_000_000), "zephon_wrap_2_thread": (6.0, 4_600_000),
+              "zephon_best_fit_1_process": (10.0, 4_000_000), "zephon_best_fit_2_process": (10.0, 7_000_000),
+              "zephon_best_fit_1_pool": (10.0, 4_000_000), "plain_loop": (10.0, 3_000_000)}
+    lines = _targets.totals_ratio_lines(totals)
+    assert len(lines) == 3  # the pool has no 2-worker figure; the plain loop is no pair
+    machine = line_for(lines, "tokenizer alone, 2 threads / 1 helper thread")
+    assert machine.startswith("machine") and machine.endswith("1.98")
+    wrap = line_for(lines, "zephon wrap 2 thread workers >= 1.8 x 1 thread worker")
+    assert wrap.startswith("MET") and wrap.endswith("1.84")  # (4.6M / 6 s) / (5M / 12 s)
+    proc = line_for(lines, "zephon best_fit 2 process workers")
+    assert proc.startswith("NOT MET") and proc.endswith("1.75")

@@ -43,7 +43,8 @@ def load_texts(data: Path, min_chars: int) -> list[str]:
     return texts
 
 
-def tokenizer_alone_counts(data: Path, texts: list[str], threads: int = 0, per_call: int = 256) -> Iterator[int]:
+def tokenizer_alone_counts(data: Path, texts: list[str], threads: int = 0, per_call: int = 256,
+                           in_flight: int | None = None) -> Iterator[int]:
     """Endless token counts of ``encode_batch_fast`` calls on ``texts`` (cycled), ``per_call`` documents
     a call, each count = the call's ids plus one EOS per document.
 
@@ -52,6 +53,9 @@ def tokenizer_alone_counts(data: Path, texts: list[str], threads: int = 0, per_c
     the tokenizer's allocations use the main arena, which is measurably slower (BENCHMARKS.md section 6);
     Zephon computes inline chunks this way. ``threads=N``: N threads sharing one tokenizer (as Zephon's and
     torchdata's thread workers do), 2N calls in flight, counts in call order: the ceiling of N cores.
+    ``in_flight`` overrides the number of calls in flight (1 for ``threads=1``, else ``2 * threads``): one
+    helper thread with 2 calls queued never waits for the caller between calls, as a loader's worker
+    with tasks queued does not.
     """
     from collections import deque
     from concurrent.futures import ThreadPoolExecutor
@@ -73,10 +77,11 @@ def tokenizer_alone_counts(data: Path, texts: list[str], threads: int = 0, per_c
         yield from map(count, calls())
         return
     pool = ThreadPoolExecutor(threads, thread_name_prefix="tokenizer-alone")
+    depth = in_flight or (1 if threads == 1 else 2 * threads)
     in_flight: deque = deque()
     for batch in calls():
         in_flight.append(pool.submit(count, batch))
-        if len(in_flight) >= (1 if threads == 1 else 2 * threads):
+        if len(in_flight) >= depth:
             yield in_flight.popleft().result()
 
 

@@ -23,8 +23,10 @@ worker count, and Zephon on one core (no workers) at or above a 16,000 records/s
 from __future__ import annotations
 
 import fnmatch
+import random
+import re
 import statistics
-from typing import Any
+from typing import Any, Sequence
 
 
 CONSUMER_RECORDS_PER_S = 16_000  # the fetch-and-batch consumer the engine must never limit, on one core
@@ -169,3 +171,51 @@ def target_report(per_cfg: dict[str, list[dict[str, Any]]], pipeline: str = "tex
                         lines.append(_ratio_line(f"{w} workers: zephon {algo} {runner} >= torchdata {peer_method}",
                                                  z, t, 1.0))
     return [line for line in lines if line]
+
+
+# -- the 1-worker / 2-worker pairs, for time-sliced runs (sliced.py) ------------------------------------
+def pair_family(name: str) -> str:
+    """The name with its worker count taken out: a 1-worker configuration and its 2-worker counterpart
+    share it (``zephon_wrap_1_thread`` / ``zephon_wrap_2_thread`` -> ``zephon_wrap_N_thread``; the
+    tokenizer alone on one helper thread and on two threads -> ``tokenizer_alone_N``)."""
+    if name in ("tokenizer_alone_thread", "tokenizer_alone_2threads"):
+        return "tokenizer_alone_N"
+    return re.sub(r"_[12]_", "_N_", name, count=1)
+
+
+def adjacent_pair_order(names: Sequence[str], rng: random.Random) -> list[str]:
+    """A random order of ``names`` in which every 1-worker/2-worker pair runs back to back (which of the
+    two goes first is random too), so that a per-pass ratio compares slices seconds apart, not a pass
+    apart: on this VM the speed drifts within a pass."""
+    groups: dict[str, list[str]] = {}
+    for name in names:
+        groups.setdefault(pair_family(name), []).append(name)
+    families = list(groups)
+    rng.shuffle(families)
+    order: list[str] = []
+    for fam in families:
+        members = groups[fam][:]
+        rng.shuffle(members)
+        order += members
+    return order
+
+
+def totals_ratio_lines(totals: dict[str, tuple[float, int]], bound: float = 1.8) -> list[str]:
+    """For every 1-worker/2-worker pair, the ratio of their throughputs over all their slices together
+    (``totals[name] = (seconds, tokens)``): interleaved slices share the machine's slow spells, and
+    a slice's whole-batch rounding averages out over many slices. The tokenizer alone's pair is the
+    machine's own two-core scaling, printed for reference."""
+    rate = {n: tok / sec for n, (sec, tok) in totals.items() if sec > 0}
+    lines = []
+    for name in sorted(rate):
+        if name == "tokenizer_alone_thread" and "tokenizer_alone_2threads" in rate:
+            ratio = rate["tokenizer_alone_2threads"] / rate[name]
+            lines.append(f"machine {'tokenizer alone, 2 threads / 1 helper thread':<58} all slices {ratio:5.2f}")
+        m = re.fullmatch(r"zephon_(\w+)_1_(thread|pool|process)", name)
+        two = name.replace("_1_", "_2_", 1)
+        if m and two in rate:
+            algo, runner = m.groups()
+            ratio = rate[two] / rate[name]
+            label = f"zephon {algo} 2 {runner} workers >= {bound:g} x 1 {runner} worker"
+            lines.append(f"{'MET    ' if ratio >= bound else 'NOT MET'} {label:<58} all slices {ratio:5.2f}")
+    return lines

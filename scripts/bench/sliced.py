@@ -7,11 +7,14 @@ one after another, even in interleaved rounds, then differ by more than their re
 
 How: every configuration of text_pipeline.py starts in its own process group, warms up alone
 (``--warmup`` batches; Zephon hashes these to check that all its configurations agree) and is frozen
-with SIGSTOP. Then passes run: in each pass every configuration, in a fresh random order, is thawed
+with SIGSTOP. Then passes run: in each pass every configuration, in a fresh random order (by default one
+in which each 1-worker/2-worker pair runs back to back: ``--order``), is thawed
 (SIGCONT) for ``--slice`` seconds while all others stay frozen, and the tokens it delivered in that slice
 are read from a shared counter. A slow spell of the machine is thus spread over all configurations
 alike. Reported per configuration: tokens over all its slices / its running time, and, for the issue's
-targets, the median over passes of per-pass ratios (scripts/bench/_targets.py).
+targets, the median over passes of per-pass ratios (scripts/bench/_targets.py); for each 1-worker /
+2-worker pair also the ratio of the two over all slices (a 3 s slice rounds to whole batches, ~5% of a
+1-worker slice; summed over all passes that rounding averages out).
 
 Freezing a configuration freezes its worker processes and threads too (one process group), so its
 read-ahead does not grow while others run. All configurations stay in memory at once (about 0.3-1 GB
@@ -57,13 +60,14 @@ def _counter(path: str | Path):
 
 
 # -- the child ---------------------------------------------------------------------------------------
-def _tokenizer_alone_batches(data: Path, tokens_per_batch: int, threads: int = 0):
-    """The tokenizer-alone ceiling as a stream of 'batches': encode_batch_fast, 256 documents a call."""
+def _tokenizer_alone_batches(data: Path, tokens_per_batch: int, threads: int = 0, in_flight: int | None = None,
+                             per_call: int = 256):
+    """The tokenizer-alone ceiling as a stream of 'batches': encode_batch_fast, ``per_call`` documents a call."""
     import _pipelines
 
     texts = _pipelines.load_texts(data, min_chars=60_000_000)
     have = 0
-    for n in _pipelines.tokenizer_alone_counts(data, texts, threads):
+    for n in _pipelines.tokenizer_alone_counts(data, texts, threads, per_call, in_flight):
         have += n
         while have >= tokens_per_batch:
             have -= tokens_per_batch
@@ -230,6 +234,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", default="", help="comma-separated names or globs (see text_pipeline.py --list)")
     ap.add_argument("--extra", action="store_true", help="also run the extra configurations, e.g. the 1-CPU ones")
     ap.add_argument("--seed", type=int, default=0, help="seed of the per-pass slice order")
+    ap.add_argument("--order", choices=("pairs", "random"), default="pairs",
+                    help="pairs: a random order in which each 1-worker/2-worker pair runs back to back "
+                         "(default); random: any order")
     ap.add_argument("--noise", type=float, default=0, help="only measure the machine's noise for this many seconds")
     ap.add_argument("--json", default="")
     args = ap.parse_args(argv)
@@ -267,8 +274,12 @@ def main(argv: list[str] | None = None) -> int:
             live = [s for s in slots if s.error is None]
             per_pass: list[dict[str, float]] = []
             for p in range(args.passes):
-                order = live[:]
-                rng.shuffle(order)
+                if args.order == "pairs":
+                    by_name = {s.name: s for s in live}
+                    order = [by_name[n] for n in _targets.adjacent_pair_order(list(by_name), rng)]
+                else:
+                    order = live[:]
+                    rng.shuffle(order)
                 per_pass.append({s.name: s.run_slice(args.slice) for s in order})
                 print(f"[{time.perf_counter() - t_all:5.0f}s] pass {p + 1}/{args.passes}", flush=True)
         finally:
@@ -317,6 +328,17 @@ def report(cfgs, slots, results, per_pass, args, total_s) -> int:
     print("\n# issue 3 targets, ratios taken inside each pass (passes play the role of rounds)")
     for line in targets:
         print(line)
+    machine = [pp["tokenizer_alone_2threads"] / pp["tokenizer_alone_thread"] for pp in per_pass
+               if pp.get("tokenizer_alone_thread") and "tokenizer_alone_2threads" in pp]
+    if machine:
+        print(f"machine {'tokenizer alone, 2 threads / 1 helper thread':<58} median {statistics.median(machine):5.2f}  "
+              f"rounds {min(machine):.2f}-{max(machine):.2f}")
+    totals_lines = _targets.totals_ratio_lines({n: (wall, tok) for n, (wall, tok, _) in totals.items()})
+    if totals_lines:
+        print("\n# the 2-worker / 1-worker ratio over all slices together (tokens / seconds of each)")
+        for line in totals_lines:
+            print(line)
+    targets += totals_lines
     print(f"\ntotal {total_s:.0f}s")
     if args.json:
         Path(args.json).write_text(json.dumps({"args": vars(args), "machine": machine_info(), "results": out,

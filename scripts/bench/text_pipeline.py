@@ -94,10 +94,18 @@ def all_configs() -> list[dict[str, Any]]:
 
 
 def extra_configs() -> list[dict[str, Any]]:
-    """Not run by default (--extra): Grain with read threads instead of processes; Zephon's 2-worker
+    """Not run by default (--extra): the tokenizer alone on one helper thread with a second call queued
+    behind the running one, and with 64 documents a call (Zephon's ``chunk_rows``) on one and two threads; Grain with read threads instead of processes; Zephon's 2-worker
     thread and pool runners with 4 chunks per source in flight instead of 2; 1-worker configurations
     pinned to one CPU."""
-    return [{"name": f"grain_{p}_0_t{t}", "kind": "grain", "workers": 0, "runner": f"{t} threads",
+    return [{"name": "tokenizer_alone_thread_queued", "kind": "tokenizer_alone", "workers": 0,
+             "runner": "helper thread, 2 calls queued", "params": {"threads": 1, "in_flight": 2}},
+            {"name": "tokenizer_alone_thread_64", "kind": "tokenizer_alone", "workers": 0,
+             "runner": "helper thread, 64 documents a call, 2 calls queued",
+             "params": {"threads": 1, "in_flight": 2, "per_call": 64}},
+            {"name": "tokenizer_alone_2threads_64", "kind": "tokenizer_alone", "workers": 2,
+             "runner": "2 threads, 64 documents a call", "params": {"threads": 2, "per_call": 64}}] + \
+           [{"name": f"grain_{p}_0_t{t}", "kind": "grain", "workers": 0, "runner": f"{t} threads",
              "params": {"packing": p, "workers": 0, "read_threads": t}} for p in ("concat", "firstfit") for t in (2,)] + \
            [{"name": f"zephon_best_fit_2_{r}_prefetch4", "kind": "zephon", "workers": 2, "runner": r,
              "params": {"algorithm": "best_fit", "workers": 2, "runner": r, "prefetch": 4}} for r in ("thread", "pool")] + \
@@ -122,8 +130,7 @@ def run_config(task: dict[str, Any]) -> dict[str, Any]:
     cfg = task["config"]
     pin_cpus(cfg)
     if cfg["kind"] == "tokenizer_alone":
-        return tokenizer_alone(data, batch * seq_len, steps, min(warmup, 4), repeats,
-                               threads=cfg.get("params", {}).get("threads", 0))
+        return tokenizer_alone(data, batch * seq_len, steps, min(warmup, 4), repeats, **cfg.get("params", {}))
 
     import torch
 
@@ -170,7 +177,7 @@ def run_config(task: dict[str, Any]) -> dict[str, Any]:
 
 
 def tokenizer_alone(data: Path, tokens_per_batch: int, steps: int, warmup: int, repeats: int,
-                    threads: int = 0) -> dict:
+                    threads: int = 0, in_flight: int | None = None, per_call: int = 256) -> dict:
     """encode_batch_fast on the corpus's documents (file order), 256 at a time, one thread busy at a time
     (``threads``: 1 a helper thread, 2 two threads in parallel; see :func:`_pipelines.tokenizer_alone_counts`).
 
@@ -182,7 +189,7 @@ def tokenizer_alone(data: Path, tokens_per_batch: int, steps: int, warmup: int, 
     import _pipelines
 
     texts = _pipelines.load_texts(data, min_chars=int((warmup + repeats * steps) * tokens_per_batch * 4.5))
-    counts = _pipelines.tokenizer_alone_counts(data, texts, threads)  # + one EOS per document, as the pipelines
+    counts = _pipelines.tokenizer_alone_counts(data, texts, threads, per_call, in_flight)  # + one EOS per document, as the pipelines
 
     def run(limit: int) -> int:
         n = 0
