@@ -78,11 +78,11 @@ def tokenizer_alone_counts(data: Path, texts: list[str], threads: int = 0, per_c
         return
     pool = ThreadPoolExecutor(threads, thread_name_prefix="tokenizer-alone")
     depth = in_flight or (1 if threads == 1 else 2 * threads)
-    in_flight: deque = deque()
+    pending: deque = deque()
     for batch in calls():
-        in_flight.append(pool.submit(count, batch))
-        if len(in_flight) >= depth:
-            yield in_flight.popleft().result()
+        pending.append(pool.submit(count, batch))
+        if len(pending) >= depth:
+            yield pending.popleft().result()
 
 
 # -- plain loop --------------------------------------------------------------------------------------
