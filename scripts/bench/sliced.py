@@ -331,8 +331,9 @@ def report(cfgs, slots, results, per_pass, args, total_s) -> int:
     machine = [pp["tokenizer_alone_2threads"] / pp["tokenizer_alone_thread"] for pp in per_pass
                if pp.get("tokenizer_alone_thread") and "tokenizer_alone_2threads" in pp]
     if machine:
-        print(f"machine {'tokenizer alone, 2 threads / 1 helper thread':<58} median {statistics.median(machine):5.2f}  "
-              f"rounds {min(machine):.2f}-{max(machine):.2f}")
+        targets.append(f"machine {'tokenizer alone, 2 threads / 1 helper thread':<58} median "
+                       f"{statistics.median(machine):5.2f}  rounds {min(machine):.2f}-{max(machine):.2f}")
+        print(targets[-1])
     totals_lines = _targets.totals_ratio_lines({n: (wall, tok) for n, (wall, tok, _) in totals.items()})
     if totals_lines:
         print("\n# the 2-worker / 1-worker ratio over all slices together (tokens / seconds of each)")

@@ -95,9 +95,9 @@ def all_configs() -> list[dict[str, Any]]:
 
 def extra_configs() -> list[dict[str, Any]]:
     """Not run by default (--extra): the tokenizer alone on one helper thread with a second call queued
-    behind the running one, and with 64 documents a call (Zephon's ``chunk_rows``) on one and two threads; Grain with read threads instead of processes; Zephon's 2-worker
-    thread and pool runners with 4 chunks per source in flight instead of 2; 1-worker configurations
-    pinned to one CPU."""
+    behind the running one, and with 64 documents a call (Zephon's ``chunk_rows``) on one and two
+    threads; Grain with read threads instead of processes; Zephon's 2-worker thread and pool runners
+    with 4 chunks per source in flight instead of 2; 1-worker configurations pinned to one CPU."""
     return [{"name": "tokenizer_alone_thread_queued", "kind": "tokenizer_alone", "workers": 0,
              "runner": "helper thread, 2 calls queued", "params": {"threads": 1, "in_flight": 2}},
             {"name": "tokenizer_alone_thread_64", "kind": "tokenizer_alone", "workers": 0,
@@ -178,8 +178,9 @@ def run_config(task: dict[str, Any]) -> dict[str, Any]:
 
 def tokenizer_alone(data: Path, tokens_per_batch: int, steps: int, warmup: int, repeats: int,
                     threads: int = 0, in_flight: int | None = None, per_call: int = 256) -> dict:
-    """encode_batch_fast on the corpus's documents (file order), 256 at a time, one thread busy at a time
-    (``threads``: 1 a helper thread, 2 two threads in parallel; see :func:`_pipelines.tokenizer_alone_counts`).
+    """encode_batch_fast on the corpus's documents (file order), ``per_call`` at a time, one thread busy at a
+    time (``threads``: 1 a helper thread, 2 two threads in parallel; ``in_flight`` calls queued; see
+    :func:`_pipelines.tokenizer_alone_counts`).
 
     Same windows as the pipelines: ``warmup`` batches' worth of tokens untimed, then ``repeats``
     windows of ``steps`` batches' worth (documents in memory; no reading, packing or tensors).
@@ -189,7 +190,8 @@ def tokenizer_alone(data: Path, tokens_per_batch: int, steps: int, warmup: int, 
     import _pipelines
 
     texts = _pipelines.load_texts(data, min_chars=int((warmup + repeats * steps) * tokens_per_batch * 4.5))
-    counts = _pipelines.tokenizer_alone_counts(data, texts, threads, per_call, in_flight)  # + one EOS per document, as the pipelines
+    # + one EOS per document, as the pipelines
+    counts = _pipelines.tokenizer_alone_counts(data, texts, threads, per_call, in_flight)
 
     def run(limit: int) -> int:
         n = 0
