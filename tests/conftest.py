@@ -18,16 +18,13 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 CORPUS_FILES = 70  # standard-library files mined for documents: ~2.5k documents, seconds to build
 
 
-@pytest.fixture(scope="session")
-def corpus(tmp_path_factory) -> Path:
+def build_corpus(root: Path) -> Path:
     """``web/*.parquet`` (8 files, row groups of 6) and ``code/*.jsonl`` (4 files) of real text."""
-    root = tmp_path_factory.mktemp("corpus")
     write_corpus(root, max_files=CORPUS_FILES, prose_files=8, code_files=4, row_group_size=6)
     return root
 
 
-@pytest.fixture(scope="session")
-def corpus_texts(corpus) -> list[str]:
+def read_corpus_texts(corpus: Path) -> list[str]:
     texts = []
     for f in sorted((corpus / "web").glob("*.parquet")):
         texts += pq.read_table(f, columns=["text"]).column(0).to_pylist()
@@ -36,13 +33,7 @@ def corpus_texts(corpus) -> list[str]:
     return texts
 
 
-@pytest.fixture(scope="session")
-def sp_model(tmp_path_factory, corpus_texts) -> Path:
-    return train_sentencepiece(tmp_path_factory.mktemp("sp") / "tok.model", corpus_texts, vocab_size=600)
-
-
-@pytest.fixture(scope="session")
-def hf_tokenizer(tmp_path_factory, corpus_texts) -> Path:
+def build_hf_tokenizer(folder: Path, corpus_texts: list[str]) -> Path:
     """A byte-level BPE ``tokenizer.json`` trained with Hugging Face ``tokenizers``."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
@@ -52,13 +43,12 @@ def hf_tokenizer(tmp_path_factory, corpus_texts) -> Path:
     trainer = trainers.BpeTrainer(vocab_size=700, special_tokens=["<|endoftext|>"],
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
     tok.train_from_iterator(corpus_texts, trainer)
-    path = tmp_path_factory.mktemp("hf") / "tokenizer.json"
+    path = folder / "tokenizer.json"
     tok.save(str(path))
     return path
 
 
-@pytest.fixture(scope="session")
-def tiktoken_file(tmp_path_factory, hf_tokenizer) -> Path:
+def build_tiktoken_file(folder: Path, hf_tokenizer: Path) -> Path:
     """A ``.tiktoken`` BPE file: the byte-level BPE above, its tokens mapped back to raw bytes."""
     from tokenizers import pre_tokenizers
 
@@ -81,9 +71,34 @@ def tiktoken_file(tmp_path_factory, hf_tokenizer) -> Path:
             continue
         raw = bytes(table[c] for c in token)
         ranks.setdefault(raw, len(ranks))
-    path = tmp_path_factory.mktemp("tt") / "tok.tiktoken"
+    path = folder / "tok.tiktoken"
     path.write_text("".join(f"{base64.b64encode(k).decode()} {v}\n" for k, v in ranks.items()))
     return path
+
+
+@pytest.fixture(scope="session")
+def corpus(tmp_path_factory) -> Path:
+    return build_corpus(tmp_path_factory.mktemp("corpus"))
+
+
+@pytest.fixture(scope="session")
+def corpus_texts(corpus) -> list[str]:
+    return read_corpus_texts(corpus)
+
+
+@pytest.fixture(scope="session")
+def sp_model(tmp_path_factory, corpus_texts) -> Path:
+    return train_sentencepiece(tmp_path_factory.mktemp("sp") / "tok.model", corpus_texts, vocab_size=600)
+
+
+@pytest.fixture(scope="session")
+def hf_tokenizer(tmp_path_factory, corpus_texts) -> Path:
+    return build_hf_tokenizer(tmp_path_factory.mktemp("hf"), corpus_texts)
+
+
+@pytest.fixture(scope="session")
+def tiktoken_file(tmp_path_factory, hf_tokenizer) -> Path:
+    return build_tiktoken_file(tmp_path_factory.mktemp("tt"), hf_tokenizer)
 
 
 def base_recipe_dict(corpus: Path, tokenizer: dict[str, Any]) -> dict[str, Any]:
