@@ -20,7 +20,9 @@ it in a :class:`RetryingFileSystem`:
 - **Node-local cache (optional).** With ``[storage] cache_dir``, reads go through fixed-size aligned
   blocks cached as files keyed by (URL, size, ETag/generation, block size). Blocks are written to a
   temporary file and renamed into place, so ranks and workers sharing the directory never read a
-  half-written block; the least recently used blocks are evicted beyond ``cache_max_bytes``.
+  half-written block; the least recently used blocks are evicted beyond ``cache_max_bytes``. The cache
+  is not trusted: every block carries a checksum verified on each read (a bad block is fetched again),
+  and links under the cache folder are never followed, when reading or when evicting.
 
 Local paths are untouched (no wrapper, no cache): the plain fsspec local filesystem, as before.
 Nothing here enters the recipe fingerprint: where the bytes come from, the credentials, retry and
@@ -32,11 +34,12 @@ from __future__ import annotations
 
 import errno
 import hashlib
+import hmac
 import io
 import os
 import random
 import re
-import tempfile
+import stat
 import threading
 import time
 from pathlib import Path
@@ -58,7 +61,8 @@ class StoreError(SourceError):
 
 
 # -- statistics ------------------------------------------------------------------------------------
-_STATS_KEYS = ("requests", "bytes_fetched", "retries", "cache_hits", "cache_misses", "cache_evictions")
+_STATS_KEYS = ("requests", "bytes_fetched", "retries", "cache_hits", "cache_misses", "cache_evictions",
+               "cache_corrupt")
 _stats = {k: 0 for k in _STATS_KEYS}
 _stats_lock = threading.Lock()
 
@@ -70,7 +74,8 @@ def _count(**deltas: int) -> None:
 
 
 def stats(reset: bool = False) -> dict[str, int]:
-    """This process's object-store counters: data requests, bytes fetched, retries, cache hits/misses/evictions."""
+    """This process's object-store counters: data requests, bytes fetched, retries, cache hits/misses/evictions,
+    and ``cache_corrupt``: cached blocks that failed their checksum (refetched, never used)."""
     with _stats_lock:
         out = dict(_stats)
         if reset:
@@ -294,6 +299,21 @@ def url_to_fs(url: str, source: SourceSpec, storage: StorageSpec | None = None) 
 
 
 # -- the node-local block cache -----------------------------------------------------------------------
+_BLOCK_MAGIC = b"ZPHBLK2\n"  # a block file: magic | blake2b-256 of (key, block, length, data) | data
+_BLOCK_HEADER = len(_BLOCK_MAGIC) + 32
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+_DIR_FLAGS = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | _NOFOLLOW
+_STALE_TMP_S = 3600  # a temporary file older than this was left by a crashed writer
+
+
+def _block_digest(key: str, block: int, data: bytes) -> bytes:
+    """Checksum of a cached block, bound to its key and number: a block copied under another name fails."""
+    h = hashlib.blake2b(digest_size=32, person=b"zephon-block")
+    h.update(f"{key}\n{block}\n{len(data)}\n".encode())
+    h.update(data)
+    return h.digest()
+
+
 class BlockCache:
     """Aligned blocks of remote objects as files under ``root``, shared by every process on a node.
 
@@ -303,51 +323,105 @@ class BlockCache:
     than 1/16 of ``max_bytes`` since its last sweep, it deletes the least recently used blocks until
     the folder holds at most ``max_bytes`` (the limit is therefore exceeded by at most 1/16 of it per
     writing process between sweeps). A block deleted under a reader is simply fetched again.
+
+    The folder may be shared and writable by others, so nothing in it is trusted: each block carries a
+    checksum over its key, number and bytes, verified on every read (a bad block is counted as
+    ``cache_corrupt``, deleted and fetched again, never used); folders and files are opened relative
+    to the cache's own folder without following symbolic links, and eviction deletes only regular
+    files directly inside the cache's own block folders (a link is neither followed nor counted).
     """
 
     def __init__(self, root: str, max_bytes: int) -> None:
-        self.root = Path(root) / "zephon-blocks-v1"
-        self.root.mkdir(parents=True, exist_ok=True)
+        base = Path(root)
+        base.mkdir(parents=True, exist_ok=True)
+        self.root = base / "zephon-blocks-v2"
+        try:
+            self.root.mkdir()
+        except FileExistsError:
+            pass
+        if self.root.is_symlink() or not self.root.is_dir():
+            raise SourceError(f"[storage] cache_dir: {self.root} is a symbolic link or not a folder; the block "
+                              f"cache only uses a real folder of its own (eviction deletes files in it). Remove "
+                              f"it, or set cache_dir to another folder.")
         self.max_bytes = max_bytes
         self._written = 0
         self._lock = threading.Lock()
 
-    def _path(self, key: str, block: int) -> Path:
-        return self.root / key[:2] / f"{key}.{block}"
+    def _open_dir(self, sub: str | None = None, create: bool = False) -> int | None:
+        """A descriptor of the cache folder (``sub`` None) or of its block folder ``sub``, opened without
+        following a link; None when it is missing or is not a real folder."""
+        try:
+            root_fd = os.open(self.root, _DIR_FLAGS)
+        except OSError:
+            return None
+        if sub is None:
+            return root_fd
+        try:
+            if create:
+                try:
+                    os.mkdir(sub, dir_fd=root_fd)
+                except FileExistsError:
+                    pass
+            return os.open(sub, _DIR_FLAGS, dir_fd=root_fd)
+        except OSError:  # ELOOP / ENOTDIR: something else sits there; it is left alone
+            return None
+        finally:
+            os.close(root_fd)
 
     def get(self, key: str, block: int, length: int) -> bytes | None:
-        path = self._path(key, block)
-        try:
-            with open(path, "rb") as f:
-                data = f.read()
-        except (FileNotFoundError, IsADirectoryError):
+        """Block ``block`` of ``key`` (``length`` bytes) if a verified copy is cached, else None."""
+        sub_fd = self._open_dir(key[:2])
+        if sub_fd is None:
             return None
-        if len(data) != length:  # never trust a block of the wrong size
-            return None
+        name = f"{key}.{block}"
         try:
-            os.utime(path)
-        except OSError:
-            pass
-        return data
+            try:  # O_NONBLOCK: a FIFO planted under a block's name must not hang the reader
+                fd = os.open(name, os.O_RDONLY | _NOFOLLOW | getattr(os, "O_NONBLOCK", 0), dir_fd=sub_fd)
+            except OSError:  # missing, or a link (ELOOP): never followed
+                return None
+            with open(fd, "rb") as f:
+                st = os.fstat(fd)
+                if not stat.S_ISREG(st.st_mode):
+                    return None
+                raw = f.read(_BLOCK_HEADER + length + 1)
+                payload, digest = raw[_BLOCK_HEADER:], raw[len(_BLOCK_MAGIC):_BLOCK_HEADER]
+                if len(payload) != length or not raw.startswith(_BLOCK_MAGIC) or \
+                        not hmac.compare_digest(digest, _block_digest(key, block, payload)):
+                    _count(cache_corrupt=1)
+                    _unlink_at(sub_fd, name, st)
+                    return None
+                try:
+                    os.utime(fd)
+                except OSError:
+                    pass
+                return payload
+        finally:
+            os.close(sub_fd)
 
     def put(self, key: str, block: int, data: bytes) -> None:
-        if len(data) > self.max_bytes:
+        """Store a block (with its checksum). A failure to write only means it is not cached."""
+        if len(data) + _BLOCK_HEADER > self.max_bytes:
             return
-        path = self._path(key, block)
-        path.parent.mkdir(exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
+        sub_fd = self._open_dir(key[:2], create=True)
+        if sub_fd is None:
+            return
+        tmp = f".tmp-{os.urandom(8).hex()}"
         try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-            os.replace(tmp, path)
-        except BaseException:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW, 0o600, dir_fd=sub_fd)
             try:
-                os.unlink(tmp)
-            except OSError:
-                pass
-            raise
+                with open(fd, "wb") as f:
+                    f.write(_BLOCK_MAGIC + _block_digest(key, block, data))
+                    f.write(data)
+                os.replace(tmp, f"{key}.{block}", src_dir_fd=sub_fd, dst_dir_fd=sub_fd)
+            except BaseException:
+                _unlink_at(sub_fd, tmp)
+                raise
+        except OSError:  # full disk, a folder where the block should go...: the read goes on uncached
+            return
+        finally:
+            os.close(sub_fd)
         with self._lock:
-            self._written += len(data)
+            self._written += len(data) + _BLOCK_HEADER
             sweep = self._written > self.max_bytes // 16
             if sweep:
                 self._written = 0
@@ -355,40 +429,65 @@ class BlockCache:
             self.evict()
 
     def evict(self) -> int:
-        """Delete least recently used blocks until at most ``max_bytes`` remain; returns bytes kept."""
-        entries, total, now = [], 0, time.time()
-        for sub in self.root.iterdir():
-            if not sub.is_dir():
-                continue
-            for e in os.scandir(sub):
+        """Delete least recently used blocks until at most ``max_bytes`` remain; returns bytes kept.
+
+        Only regular files directly inside the cache's block folders are counted or deleted, through
+        descriptors of those folders opened without following links: a link (to a folder or a file)
+        under the cache is never followed, so nothing outside the cache is ever deleted."""
+        root_fd = self._open_dir()
+        if root_fd is None:
+            return 0
+        subs: dict[str, int] = {}
+        entries, total, evicted, now = [], 0, 0, time.time()
+        try:
+            with os.scandir(root_fd) as it:
+                names = [e.name for e in it if e.is_dir(follow_symlinks=False)]
+            for sub in names:
                 try:
-                    st = e.stat()
-                except FileNotFoundError:
+                    subs[sub] = sub_fd = os.open(sub, _DIR_FLAGS, dir_fd=root_fd)
+                except OSError:  # replaced by a link meanwhile, or gone
                     continue
-                if e.name.startswith(".tmp-"):
-                    if now - st.st_mtime > 3600:  # left by a crashed writer
-                        _unlink(e.path)
-                    continue
-                entries.append((st.st_mtime, e.path, st.st_size))
-                total += st.st_size
-        entries.sort()
-        evicted = 0
-        for _, path, size in entries:
-            if total <= self.max_bytes:
-                break
-            if _unlink(path):
-                evicted += 1
-            total -= size
+                with os.scandir(sub_fd) as it:
+                    for e in it:
+                        try:
+                            if not e.is_file(follow_symlinks=False):
+                                continue
+                            st = e.stat(follow_symlinks=False)
+                        except OSError:
+                            continue
+                        if e.name.startswith(".tmp-"):
+                            if now - st.st_mtime > _STALE_TMP_S:
+                                _unlink_at(sub_fd, e.name)
+                            continue
+                        entries.append((st.st_mtime, sub, e.name, st.st_size))
+                        total += st.st_size
+            entries.sort()
+            for _, sub, name, size in entries:
+                if total <= self.max_bytes:
+                    break
+                if _unlink_at(subs[sub], name):
+                    evicted += 1
+                total -= size
+        finally:
+            for fd in subs.values():
+                os.close(fd)
+            os.close(root_fd)
         if evicted:
             _count(cache_evictions=evicted)
         return total
 
 
-def _unlink(path: str) -> bool:
+def _unlink_at(dir_fd: int, name: str, expect: os.stat_result | None = None) -> bool:
+    """Delete the entry ``name`` of the folder ``dir_fd`` (a link itself, never its target); with
+    ``expect``, only if it is still that file (not a good block another process just put there)."""
     try:
-        os.unlink(path)
+        if expect is not None:
+            now = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+            if (now.st_ino, now.st_dev) != (expect.st_ino, expect.st_dev):
+                return False
+        os.unlink(name, dir_fd=dir_fd)
         return True
-    except FileNotFoundError:
+    except OSError:
         return False
 
 
@@ -501,7 +600,8 @@ class RetryingFileSystem:
         return self._retry(get, url, f"reading bytes [{start}, {end}) of")
 
     def read_range(self, url: str, start: int, end: int, size: int, version: str) -> bytes:
-        """Bytes [start, end) of an object of ``size`` bytes, through the cache when there is one."""
+        """Bytes [start, end) of an object of ``size`` bytes, through the cache when there is one (a cached
+        block is used only once its checksum verifies; any other block is fetched and cached again)."""
         if end <= start:
             return b""
         if self.cache is None:

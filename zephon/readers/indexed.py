@@ -96,6 +96,37 @@ class IndexedReader:
         """The decoded bytes of a compressed shard (the uncompressed shard layout)."""
         return _decompress(meta.compression or "", raw)
 
+    def check_field(self, meta: ShardMeta, path: str) -> None:
+        """Refuse, from the index alone, a field that this reader does not decode itself (a format that
+        would need pickle or a media codec, a missing field): called before any byte of the shard is read."""
+
+    # -- index entries are untrusted too -----------------------------------------------------------
+    @classmethod
+    def shard_name(cls, name: Any, index_path: str, source: str, k: int) -> str:
+        """A shard's file name from an index: a relative path inside the index's folder, never one that
+        leaves it (absolute, ``..``, a URL), so that an index cannot make Zephon read other files."""
+        parts = name.split("/") if isinstance(name, str) else []
+        if not parts or name.startswith("/") or "://" in name or "\\" in name or "\x00" in name or \
+                any(p in ("", ".", "..") for p in parts):
+            raise SourceError(f"source '{source}': {index_path}, {cls.shard_word} #{k}: file name {name!r} is not "
+                              f"a relative path inside the dataset's folder. The index is corrupt or hostile: "
+                              f"re-write the dataset.")
+        return name
+
+    @classmethod
+    def checked(cls, meta: ShardMeta, source: str, k: int) -> ShardMeta:
+        """``meta`` once its counts are in range: no negative count, and no more samples than the shard's
+        header can hold (4 bytes per sample offset), so that a bogus count cannot plan billions of chunks."""
+        where = f"source '{source}': {meta.index}, {cls.shard_word} #{k} ({meta.name})"
+        for what, value in (("sample count", meta.samples), ("byte size", meta.nbytes),
+                            ("stored byte size", meta.stored_bytes)):
+            if value is not None and value < 0:
+                raise SourceError(f"{where}: negative {what} {value}. The index is corrupt: re-write the dataset.")
+        if meta.nbytes is not None and 4 * (meta.samples + 2) > meta.nbytes:
+            raise SourceError(f"{where}: {meta.samples} samples cannot fit in {meta.nbytes} bytes. The index is "
+                              f"corrupt: re-write the dataset.")
+        return meta
+
     # -- listing (called by the work plan) -------------------------------------------------------
     @classmethod
     def list_shards(cls, fs: fsspec.AbstractFileSystem, root: str, source: str, pattern: str,
@@ -218,6 +249,7 @@ class IndexedReader:
 
     # -- reading (runs on workers) ---------------------------------------------------------------
     def read(self, path: str, start: int, end: int) -> RawChunk:
+        self.check_field(self.meta(path), path)  # before a byte of the shard is read
         shard = self._shard(path)
         n = shard.meta.samples
         end = n if end < 0 else min(end, n)

@@ -9,6 +9,12 @@ column (UTF-8); token ids from an ``ndarray`` column (``ndarray``, ``ndarray:int
 ``ndarray:int32:N``), decoded with numpy over the whole chunk. Compressed shards (``zip_data``:
 zstd, gz, bz2, br, snappy) are decompressed whole.
 
+A dataset is untrusted input: the field's encoding is checked from ``index.json`` before a byte of a
+shard is read, and only ``str`` and ``ndarray`` (with one of the library's own dtype names) are ever
+decoded, by the code below. A field with any other encoding (``pkl``, which the library would unpickle,
+``json``, ``jpeg``, ``png``, ``pil``...) is refused with a message naming the index, the field and its
+encoding; the other columns of a sample may have any encoding, since their bytes are only skipped.
+
 The reader decodes this layout itself, with numpy and fsspec, rather than through the library's
 ``MDSReader`` (one sample per call, local files only) or by importing ``streaming``, whose package
 import pulls in torchvision, which cannot be loaded next to the CPU build of torch (see
@@ -17,6 +23,7 @@ import pulls in torchvision, which cannot be loaded next to the CPU build of tor
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import numpy as np
@@ -28,6 +35,7 @@ from .tokens import byte_token_rows
 # mosaicml-streaming's NDArray encoding: value dtype codes and shape dtype codes.
 _VALUE_DTYPES = {8: "uint8", 9: "int8", 16: "uint16", 17: "int16", 18: "float16", 32: "uint32", 33: "int32",
                  34: "float32", 64: "uint64", 65: "int64", 66: "float64"}
+_SHAPE = re.compile(r"[1-9][0-9]*(,[1-9][0-9]*)*")  # a static shape: '2048' or '4,512'
 
 
 class MdsReader(IndexedReader):
@@ -58,12 +66,18 @@ class MdsReader(IndexedReader):
                 names, encodings, sizes = shard["column_names"], shard["column_encodings"], shard["column_sizes"]
                 if not (len(names) == len(encodings) == len(sizes)):
                     raise ValueError("column_names, column_encodings and column_sizes differ in length")
-                out.append(ShardMeta(
-                    name=(zipped or raw)["basename"], samples=int(shard["samples"]), nbytes=int(raw["bytes"]),
-                    compression=compression, index=index_path,
+                if not all(isinstance(x, str) for x in [*names, *encodings]):
+                    raise ValueError("a column name or encoding is not a string")
+                sizes = [None if s is None else int(s) for s in sizes]
+                if any(s is not None and s < 0 for s in sizes):
+                    raise ValueError(f"negative column_sizes {sizes}")
+                meta = ShardMeta(
+                    name=cls.shard_name((zipped or raw)["basename"], index_path, source, k),
+                    samples=int(shard["samples"]), nbytes=int(raw["bytes"]), compression=compression,
+                    index=index_path,
                     stored_bytes=int(zipped["bytes"]) if zipped and zipped.get("bytes") is not None else None,
-                    info={"names": list(names), "encodings": list(encodings),
-                          "sizes": [None if s is None else int(s) for s in sizes]}))
+                    info={"names": list(names), "encodings": list(encodings), "sizes": sizes})
+                out.append(cls.checked(meta, source, k))
             except SourceError:
                 raise
             except (KeyError, TypeError, ValueError, AttributeError) as exc:
@@ -72,29 +86,43 @@ class MdsReader(IndexedReader):
                                   f"dataset.") from exc
         return out
 
-    def decode(self, meta: ShardMeta, buf: np.ndarray, starts: np.ndarray, ends: np.ndarray, path: str,
-               first_row: int) -> list[str | None] | TokenRows:
-        names, encodings, sizes = meta.info["names"], meta.info["encodings"], meta.info["sizes"]
+    def check_field(self, meta: ShardMeta, path: str) -> None:
+        names, encodings = meta.info["names"], meta.info["encodings"]
         if self.field not in names:
             raise self.missing_field(path, names)
-        col = names.index(self.field)
-        enc = encodings[col]
-        a, b = self.field_ranges(buf, starts, ends, sizes, col, True, path, first_row, meta.index)
+        enc = encodings[names.index(self.field)]
+        where = f"source '{self.source}': field '{self.field}' of MDS shard {path} has encoding '{enc}' " \
+                f"(column_encodings in {meta.index})"
+        never = "; zephon decodes only 'str' (text) and 'ndarray' (token ids) columns itself, never 'pkl', " \
+                "'json' or image columns (a dataset is untrusted input)"
         if not self.tokens:
             if enc != "str":
-                raise SourceError(f"source '{self.source}': field '{self.field}' of MDS shard {path} has encoding "
-                                  f"'{enc}', not 'str'. Point text_field at a text column (or use tokens_field "
-                                  f"for an ndarray column of token ids).")
+                raise SourceError(f"{where}, not 'str'{never}. Point text_field at a text column (or use "
+                                  f"tokens_field for an ndarray column of token ids).")
+            return
+        parts = enc.split(":")
+        if parts[0] != "ndarray" or len(parts) > 3:
+            raise SourceError(f"{where}; token ids are read from an 'ndarray' column (e.g. 'ndarray:int32'){never}. "
+                              f"Point tokens_field at one, or use text_field for a 'str' column.")
+        if len(parts) > 1 and parts[1] and parts[1] not in _VALUE_DTYPES.values() or \
+                len(parts) > 2 and not _SHAPE.fullmatch(parts[2]):
+            raise SourceError(f"{where}, which is not an ndarray encoding MDSWriter writes (dtypes: "
+                              f"{', '.join(_VALUE_DTYPES.values())}; shape: positive integers). The index is "
+                              f"corrupt: re-write the dataset.")
+
+    def decode(self, meta: ShardMeta, buf: np.ndarray, starts: np.ndarray, ends: np.ndarray, path: str,
+               first_row: int) -> list[str | None] | TokenRows:
+        self.check_field(meta, path)
+        names, encodings, sizes = meta.info["names"], meta.info["encodings"], meta.info["sizes"]
+        col = names.index(self.field)
+        a, b = self.field_ranges(buf, starts, ends, sizes, col, True, path, first_row, meta.index)
+        if not self.tokens:
             return self.texts(buf, a, b, path, first_row)
-        return self._token_rows(enc, buf, a, b, path, first_row, meta.index)
+        return self._token_rows(encodings[col], buf, a, b, path, first_row, meta.index)
 
     def _token_rows(self, enc: str, buf: np.ndarray, a: np.ndarray, b: np.ndarray, path: str,
                     first_row: int, index: str) -> TokenRows:
-        parts = enc.split(":")
-        if parts[0] != "ndarray":
-            raise SourceError(f"source '{self.source}': field '{self.field}' of MDS shard {path} has encoding "
-                              f"'{enc}'; token ids are read from an 'ndarray' column (e.g. 'ndarray:int32'). "
-                              f"Point tokens_field at one, or use text_field for a 'str' column.")
+        parts = enc.split(":")  # checked by check_field: 'ndarray[:dtype[:shape]]'
         dtype = parts[1] if len(parts) > 1 and parts[1] else None
         static_shape = len(parts) > 2 and parts[2]
         n = len(a)

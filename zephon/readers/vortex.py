@@ -8,7 +8,11 @@ decoded once per process (``to_repeated_scan(...).execute(row_range=...)``) and 
 groups. Text comes from a utf8 column; token ids (``tokens_field``) from a list-of-integers column.
 
 Local files open with ``vortex.open`` (native IO); object-store files through the source's fsspec
-filesystem with ``vortex.open_readable``. Needs the ``vortex-data`` package.
+filesystem with ``vortex.open_readable``. Needs the ``vortex-data`` package (from a Zephon checkout:
+``python -m pip install -e '.[formats]'``).
+
+Untrusted input: a Vortex file is decoded by the library's native (Rust) code into Arrow arrays; no
+Python object is ever unpickled from it, and only a string or integer-list column is used.
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ def _vortex(source: str) -> Any:
         import vortex
     except ImportError as exc:
         raise SourceError(f"source '{source}': format 'vortex' needs the vortex-data package "
-                          f"(pip install 'zephon[formats]'): {exc}") from exc
+                          f"(python -m pip install -e '.[formats]', run from a Zephon checkout): {exc}") from exc
     return vortex
 
 
