@@ -329,8 +329,9 @@ def test_source_with_only_empty_records_is_an_error_not_a_loop(recipe_with, tmp_
         write_parquet(tmp_path / "good.parquet", {"text": corpus_texts[:80]})
         sources = [src("good", tmp_path / "good.parquet", "parquet"), *sources]
     where, exc = first_error(recipe_with(sources))
-    assert where == "iterate" and isinstance(exc, SourceError), exc
-    assert "source 'blank' gave no document" in str(exc) and "text_field" in str(exc)
+    # found when the loader is built (zephon/plan.py, SourcePlan.check_has_text), before the first batch
+    assert where == "build" and isinstance(exc, SourceError), exc
+    assert "source 'blank' has no text: all 360 records" in str(exc) and "text_field" in str(exc)
 
 
 @pytest.mark.timeout(60)

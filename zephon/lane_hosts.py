@@ -24,6 +24,7 @@ from .nodes.lane import Lane
 from .plan import WorkPlan
 from .recipe import Recipe
 from .runner import MAIN_GUARD_HINT, Runner, TextFilter, TextMap, check_picklable, start_worker_server
+from .worker_guard import Trainer, exit_with, this_process
 
 
 class LocalLanes:
@@ -52,10 +53,12 @@ class LocalLanes:
 
 
 def _lane_worker(recipe: Recipe, lanes: list[int], states: dict[int, dict], out: Any, stop: Any,
-                 text_map: TextMap, text_filter: TextFilter) -> None:
+                 text_map: TextMap, text_filter: TextFilter, trainer: Trainer) -> None:
     """Worker process: run ``lanes`` step after step, putting one message per step on ``out``: for each of
     its lanes, in order, (lane, rows, state, counters). One message per step rather than per lane: the
-    trainer's process pays a queue read (lock, pipe read, unpickle) per message."""
+    trainer's process pays a queue read (lock, pipe read, unpickle) per message. Exits when ``trainer``
+    dies."""
+    exit_with(trainer)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     runner = None
     try:
@@ -124,7 +127,7 @@ class ProcessLanes:
             q = self._ctx.Queue(maxsize=self.prefetch)  # steps ahead
             proc = self._ctx.Process(target=_lane_worker, name=f"zephon-lanes-{k}", daemon=True,
                                      args=(self.recipe, mine, {x: self._states[x] for x in mine if x in self._states},
-                                           q, self._stop, self.text_map, self.text_filter))
+                                           q, self._stop, self.text_map, self.text_filter, this_process()))
             proc.start()
             self._queues.append(q)
             self._procs.append(proc)

@@ -68,10 +68,12 @@ class ZephonLoader:
         self.recipe = recipe
         self.rank, self.world_size = rank, world_size
         self.lanes = lanes_of_rank(recipe.lanes, rank, world_size)
+        # the tokenizer first: a bad tokenizer.path is reported as such, not by the fingerprint's hash of it
+        self.pad_id = load_tokenizer(recipe.tokenizer).pad_id
         self.plan = plan or WorkPlan(recipe)
+        self.plan.check_sources_have_text()  # a source of blank records fails here, not after some steps
         self.summary = recipe_summary(recipe, self.plan)
         self.fingerprint = fingerprint(self.summary)
-        self.pad_id = load_tokenizer(recipe.tokenizer).pad_id
         self.max_steps = max_steps
         self._host: LocalLanes | ProcessLanes
         self._own_runner = False

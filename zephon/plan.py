@@ -25,11 +25,15 @@ import fsspec
 
 from ._perm import mix64, permute_index, stable_key
 from .readers import INDEXED_READERS, Reader, SourceError, Unit, make_reader
-from .readers.base import path_not_found
+from .readers.base import RawChunk, is_blank, path_not_found
 from .recipe import Recipe, SourceSpec, StorageSpec
 from .storage import url_to_fs
 
 _ROUTE, _ORDER = 1, 2
+# The start-up check that a source holds text (SourcePlan.check_has_text) reads at most this many records
+# and units: a source whose first PROBE_RECORDS records are all null, empty or blank is refused.
+PROBE_RECORDS = 4096
+PROBE_UNITS = 64
 _EXTENSIONS = {
     "parquet": (".parquet", ".pq"),
     "jsonl": (".jsonl", ".jsonl.gz", ".jsonl.zst", ".jsonl.zstd", ".ndjson"),
@@ -96,6 +100,49 @@ class SourcePlan:
             raise SourceError(f"source '{spec.name}' has no data in {len(self.files)} files.")
         self.seed = recipe.seed
         self.lanes = recipe.lanes
+        self.origin = recipe.origin
+
+    def check_has_text(self) -> None:
+        """Refuse a source without text now, rather than let every lane give up on it after some steps.
+
+        Reads the units in the plan's order (the files' order, the same for every rank, lane and run),
+        chunk by chunk, until a record that is not null, empty or whitespace only: one chunk for a usual
+        source. Fails when every unit has been read without one, or when the first
+        :data:`PROBE_RECORDS` records are all blank; a source that merely starts with blank records
+        passes. It reads raw records (before ``text_map``/``text_filter``, which the mixer still checks)
+        and changes nothing that a lane reads. A read error is left to the lane that meets it, which
+        reports it as it always has."""
+        records = units = 0
+        for unit in self.units[:PROBE_UNITS]:
+            path = self.files[unit.file]
+            try:
+                for start, end in self.reader.chunk_bounds(path, unit, -1):
+                    raw = self.reader.read(path, start, end)
+                    if _has_text(raw):
+                        return
+                    records += len(raw.tokens) if raw.tokens is not None else len(raw.texts)
+                    if records >= PROBE_RECORDS:
+                        break
+            except Exception:  # noqa: BLE001 - not this check's to report (see the docstring)
+                return
+            units += 1
+            if records >= PROBE_RECORDS:
+                break
+        blank = "null, empty or whitespace only"
+        if records >= PROBE_RECORDS:
+            what = (f"its first {records} records (in {units} of its {len(self.units)} units, from "
+                    f"{self.files[self.units[0].file]}) are all {blank}")
+        elif units < len(self.units):
+            return  # PROBE_UNITS units with few records (empty files, say): inconclusive, the lanes will tell
+        elif records:
+            what = f"all {records} records of its {len(self.units)} units ({len(self.files)} files) are {blank}"
+        else:
+            what = f"its {len(self.units)} units ({len(self.files)} files) hold no records"
+        field = f"tokens_field '{self.spec.tokens_field}'" if self.spec.tokens_field else \
+            f"text_field '{self.spec.text_field}'"
+        raise SourceError(f"{self.origin}: source '{self.spec.name}' has no text: {what}. Check the source's "
+                          f"{field} and path, or remove the source (a source may start with at most "
+                          f"{PROBE_RECORDS - 1} blank records: move them later).")
 
     def relative_files(self) -> list[str]:
         # Object-store files are URLs: drop the scheme, so that the same files under another root (local
@@ -138,9 +185,26 @@ class WorkPlan:
     def __init__(self, recipe: Recipe) -> None:
         self.recipe = recipe
         self.sources: list[SourcePlan] = [SourcePlan(recipe, i, s) for i, s in enumerate(recipe.sources)]
+        self._checked = False  # check_sources_have_text done
 
     def units_per_lane(self) -> list[float]:
         return [len(s.units) / self.recipe.lanes for s in self.sources]
+
+    def check_sources_have_text(self) -> None:
+        """:meth:`SourcePlan.check_has_text` for every source, once per plan (loaders may share one)."""
+        if not self._checked:
+            for source in self.sources:
+                source.check_has_text()
+            self._checked = True
+
+
+def _has_text(raw: RawChunk) -> bool:
+    """Whether a chunk holds a record that would make a document (text, or token ids, not blank)."""
+    if raw.tokens is None:
+        return not all(is_blank(t) for t in raw.texts)
+    rows = raw.tokens
+    lengths = rows.offsets[1:] - rows.offsets[:-1]
+    return bool(((lengths > 0) & rows.valid).any() if rows.valid is not None else (lengths > 0).any())
 
 
 def source_names(recipe: Recipe) -> Sequence[str]:

@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import os
 import tomllib
 from dataclasses import dataclass, field
+from fractions import Fraction
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -22,10 +24,21 @@ TOKENIZER_KINDS = ("sentencepiece", "tiktoken", "huggingface")
 SOURCE_FORMATS = ("parquet", "jsonl", "mds", "litdata", "vortex")
 TOKENS_FORMATS = ("parquet", "mds", "litdata", "vortex")  # formats that can hold pre-tokenized rows (tokens_field)
 MIX_BY = ("tokens", "documents")
+OVERSIZE_POLICIES = ("skip", "truncate", "error")  # [read] oversize: what to do with a document over max_doc_bytes
+SEED_LIMIT = 1 << 63  # seeds are non-negative 64-bit integers (zephon/_perm.py hashes them modulo 2**64)
+# The mixer turns weights into integers with Fraction.limit_denominator(10_000) (zephon/nodes/mix.py,
+# integer_weights): a weight that rounds to 0 there would have no share (and divide by zero).
+WEIGHT_DENOMINATOR = 10_000
 
 
 class RecipeError(ValueError):
     """A recipe that cannot be run as written; the message names the file, the key and the fix."""
+
+
+class RecipeFileError(RecipeError, FileNotFoundError):
+    """A file a recipe needs (the recipe itself, its tokenizer) is missing or is not a file.
+
+    Also a :class:`FileNotFoundError`, which is what callers caught before it was a RecipeError."""
 
 
 @dataclass(frozen=True)
@@ -98,6 +111,8 @@ class Recipe:
     chunk_bytes: int = 256 << 10  # bytes per task for plain JSONL
     unit_bytes: int = 64 << 20  # plain JSONL files are cut into units of at most this many bytes
     cache_bytes: int = 1 << 30  # decoded Parquet row groups kept per process (speed only)
+    max_doc_bytes: int = 16 << 20  # a larger document (JSONL: line) is handled by `oversize` (readers.base.DocLimit)
+    oversize: str = "skip"  # "skip" (and count), "truncate" (at a UTF-8 boundary) or "error"
     storage: StorageSpec = field(default_factory=StorageSpec)  # object-store retries and cache (not fingerprinted)
     origin: str = "<dict>"  # the file it came from, for messages
 
@@ -124,14 +139,14 @@ _SOURCE_KEYS = {f.name for f in dataclasses.fields(SourceSpec)}
 _MIX_KEYS = {"by"}
 _SHUFFLE_KEYS = {"buffer"}
 _SPLIT_KEYS = {"max_doc_tokens"}
-_READ_KEYS = {"chunk_rows", "chunk_bytes", "unit_bytes", "cache_bytes"}
+_READ_KEYS = {"chunk_rows", "chunk_bytes", "unit_bytes", "cache_bytes", "max_doc_bytes", "oversize"}
 _STORAGE_KEYS = {f.name for f in dataclasses.fields(StorageSpec)}
 
 
 def _check_keys(table: Mapping[str, Any], allowed: set[str], where: str, origin: str) -> None:
     for key in table:
         if key not in allowed:
-            close = difflib.get_close_matches(key, sorted(allowed), n=1)
+            close = difflib.get_close_matches(str(key), sorted(allowed), n=1)
             hint = f" Did you mean '{close[0]}'?" if close else f" Allowed keys: {', '.join(sorted(allowed))}."
             raise RecipeError(f"{origin}: unknown key '{key}' in {where}.{hint}")
 
@@ -142,24 +157,54 @@ def _require(table: Mapping[str, Any], key: str, where: str, origin: str) -> Any
     return table[key]
 
 
+def _table(data: Mapping[str, Any], name: str, origin: str) -> Mapping[str, Any]:
+    """The ``[name]`` table of the recipe (empty when absent); anything else in its place is an error."""
+    table = data.get(name, {})
+    if not isinstance(table, Mapping):
+        raise RecipeError(f"{origin}: '{name}' must be a table ([{name}] and its keys), got {table!r}"
+                          f"{_type_note(table)}.")
+    return table
+
+
 def _resolve(path: str, base: Path | None) -> str:
     if "://" in path or base is None or os.path.isabs(path):
         return path
     return str((base / path).resolve()) if not any(c in path for c in "*?[") else str(base / path)
 
 
+def _source_paths(value: Any, where: str, origin: str) -> list[str]:
+    """``path`` of a ``[[sources]]`` table: a non-empty string or a non-empty list of them."""
+    paths = [value] if isinstance(value, str) else value
+    if not isinstance(paths, (list, tuple)) or not paths or not all(isinstance(p, str) and p for p in paths):
+        raise RecipeError(f"{origin}: {where}: 'path' must be a file, folder or glob as a non-empty string, or a "
+                          f"non-empty list of them, got {value!r}{_type_note(value)}.")
+    return paths
+
+
 def recipe_from_dict(data: Mapping[str, Any], base_dir: str | os.PathLike | None = None,
                      origin: str = "<dict>") -> Recipe:
-    """Build a :class:`Recipe` from the TOML structure; relative paths resolve against ``base_dir``."""
+    """Build a :class:`Recipe` from the TOML structure; relative paths resolve against ``base_dir``.
+
+    Values are taken as written, never converted: ``lanes = 2.5``, ``lanes = true`` or ``lanes = "8"``
+    is an error naming the key, not a run with 2, 1 or 8 lanes (see :func:`_validate`)."""
     base = Path(base_dir) if base_dir is not None else None
+    if not isinstance(data, Mapping):
+        raise RecipeError(f"{origin}: a recipe is a table of keys, got {type(data).__name__}.")
     _check_keys(data, _TOP_KEYS, "the top level", origin)
 
     tok_table = _require(data, "tokenizer", "the top level", origin)
+    if not isinstance(tok_table, Mapping):
+        raise RecipeError(f"{origin}: 'tokenizer' must be a table ([tokenizer] with kind and path), got "
+                          f"{tok_table!r}{_type_note(tok_table)}.")
     _check_keys(tok_table, _TOKENIZER_KEYS, "[tokenizer]", origin)
+    tok_path = _require(tok_table, "path", "[tokenizer]", origin)
+    if not isinstance(tok_path, str) or not tok_path:
+        raise RecipeError(f"{origin}: 'tokenizer.path' must be the tokenizer file as a non-empty string, got "
+                          f"{tok_path!r}{_type_note(tok_path)}.")
     tok = TokenizerSpec(**{**tok_table, "kind": _require(tok_table, "kind", "[tokenizer]", origin),
-                           "path": _resolve(_require(tok_table, "path", "[tokenizer]", origin), base)})
+                           "path": _resolve(tok_path, base)})
 
-    pack_table = data.get("pack", {})
+    pack_table = _table(data, "pack", origin)
     _check_keys(pack_table, _PACK_KEYS, "[pack]", origin)
     pack = PackSpec(**pack_table)
 
@@ -169,54 +214,59 @@ def recipe_from_dict(data: Mapping[str, Any], base_dir: str | os.PathLike | None
     sources = []
     for i, src in enumerate(raw_sources):
         where = f"[[sources]] #{i + 1}"
+        if not isinstance(src, Mapping):
+            raise RecipeError(f"{origin}: {where} must be a table (name, path, format...), got {src!r}.")
         _check_keys(src, _SOURCE_KEYS, where, origin)
-        paths = _require(src, "path", where, origin)
-        paths = [paths] if isinstance(paths, str) else list(paths)
+        paths = _source_paths(_require(src, "path", where, origin), where, origin)
         options = src.get("storage_options")  # object stores: see zephon/storage.py
         if options is not None and not isinstance(options, Mapping):
             raise RecipeError(f"{origin}: {where}: 'storage_options' must be a table of fsspec options "
                               f"(e.g. storage_options = {{ endpoint_url = \"http://...\", anon = true }}).")
+        weight = src.get("weight", 1.0)
         sources.append(SourceSpec(
-            name=str(_require(src, "name", where, origin)),
+            name=_require(src, "name", where, origin),
             path=tuple(_resolve(p, base) for p in paths),
-            format=str(_require(src, "format", where, origin)),
-            text_field=str(src.get("text_field", "text")),
-            weight=float(src.get("weight", 1.0)),
+            format=_require(src, "format", where, origin),
+            text_field=src.get("text_field", "text"),
+            # as a float, as before (the fingerprint holds it); a bad value stays as written for _validate
+            weight=float(weight) if _is_number(weight) else weight,
             tokens_field=_tokens_field(src, where, origin),
             storage_options=dict(options) if options is not None else None,
         ))
 
-    sections = {"mix": _MIX_KEYS, "shuffle": _SHUFFLE_KEYS, "split": _SPLIT_KEYS, "read": _READ_KEYS,
-                "storage": _STORAGE_KEYS}
-    for name, keys in sections.items():
-        _check_keys(data.get(name, {}), keys, f"[{name}]", origin)
+    tables = {"mix": _MIX_KEYS, "shuffle": _SHUFFLE_KEYS, "split": _SPLIT_KEYS, "read": _READ_KEYS,
+              "storage": _STORAGE_KEYS}
+    for name, keys in tables.items():
+        _check_keys(_table(data, name, origin), keys, f"[{name}]", origin)
+    read = data.get("read", {})
+    defaults = Recipe.__dataclass_fields__
     recipe = Recipe(
-        seed=int(_require(data, "seed", "the top level", origin)),
-        lanes=int(_require(data, "lanes", "the top level", origin)),
-        seq_len=int(_require(data, "seq_len", "the top level", origin)),
-        batch_per_lane=int(data.get("batch_per_lane", 1)),
-        flush_every=int(data.get("flush_every", 8)),
+        seed=_require(data, "seed", "the top level", origin),
+        lanes=_require(data, "lanes", "the top level", origin),
+        seq_len=_require(data, "seq_len", "the top level", origin),
+        batch_per_lane=data.get("batch_per_lane", 1),
+        flush_every=data.get("flush_every", 8),
         tokenizer=tok,
         pack=pack,
         sources=tuple(sources),
-        mix_by=str(data.get("mix", {}).get("by", "tokens")),
-        shuffle_buffer=int(data.get("shuffle", {}).get("buffer", 0)),
+        mix_by=data.get("mix", {}).get("by", "tokens"),
+        shuffle_buffer=data.get("shuffle", {}).get("buffer", 0),
         max_doc_tokens=data.get("split", {}).get("max_doc_tokens"),
-        chunk_rows=int(data.get("read", {}).get("chunk_rows", 64)),
-        chunk_bytes=int(data.get("read", {}).get("chunk_bytes", 256 << 10)),
-        unit_bytes=int(data.get("read", {}).get("unit_bytes", 64 << 20)),
-        cache_bytes=int(data.get("read", {}).get("cache_bytes", 1 << 30)),
-        storage=_storage(data.get("storage", {}), base),
+        **{key: read.get(key, defaults[key].default) for key in sorted(_READ_KEYS)},
+        storage=_storage(data.get("storage", {}), base, origin),
         origin=origin,
     )
     return _validate(recipe)
 
 
-def _storage(table: Mapping[str, Any], base: Path | None) -> StorageSpec:
+def _storage(table: Mapping[str, Any], base: Path | None, origin: str) -> StorageSpec:
     """``[storage]``; cache_dir may use ~ and $VARS (e.g. a job's node-local scratch) and resolves like paths."""
     cache_dir = table.get("cache_dir")
     if cache_dir is not None:
-        cache_dir = _resolve(os.path.expanduser(os.path.expandvars(str(cache_dir))), base)
+        if not isinstance(cache_dir, str) or not cache_dir:
+            raise RecipeError(f"{origin}: 'storage.cache_dir' must be a folder as a non-empty string, got "
+                              f"{cache_dir!r}{_type_note(cache_dir)}.")
+        cache_dir = _resolve(os.path.expanduser(os.path.expandvars(cache_dir)), base)
     defaults = StorageSpec()
     return StorageSpec(cache_dir=cache_dir,
                        cache_max_bytes=table.get("cache_max_bytes", defaults.cache_max_bytes),
@@ -228,25 +278,84 @@ def _storage(table: Mapping[str, Any], base: Path | None) -> StorageSpec:
 def load_recipe(path: str | os.PathLike) -> Recipe:
     """Parse and validate a recipe TOML file. Paths inside resolve relative to the file."""
     p = Path(path)
+    if p.is_dir():
+        inside = sorted(q.name for q in p.glob("*.toml") if q.is_file())
+        hint = (f"; it holds {', '.join(inside[:5])}{', ...' if len(inside) > 5 else ''}: pass one of them, e.g. "
+                f"{p / inside[0]}" if inside else "; pass the path to a .toml recipe file, not its folder")
+        raise RecipeFileError(f"recipe path {p} is a directory, not a recipe file{hint}.")
     if not p.is_file():
-        raise FileNotFoundError(f"recipe file not found: {p} (pass the path to a .toml recipe)")
+        raise RecipeFileError(f"recipe file not found: {p} (pass the path to a .toml recipe)")
     try:
         data = tomllib.loads(p.read_text(encoding="utf-8"))
     except tomllib.TOMLDecodeError as exc:
         raise RecipeError(f"{p}: not valid TOML: {exc}") from exc
+    except (OSError, UnicodeDecodeError) as exc:
+        raise RecipeError(f"{p}: cannot read the recipe ({type(exc).__name__}: {exc}).") from exc
     return recipe_from_dict(data, base_dir=p.parent.resolve(), origin=str(p))
 
 
-def _positive(value: int, name: str, origin: str) -> None:
-    if not isinstance(value, int) or value < 1:
-        raise RecipeError(f"{origin}: '{name}' must be a positive integer, got {value!r}.")
+# -- strict values: a value of the wrong type is an error, never converted ---------------------------
+def _type_note(value: Any) -> str:
+    """`` (a float)`` etc.: what the value was, for the messages (TOML strings are easy to write by mistake)."""
+    if isinstance(value, bool):
+        return " (a boolean)"
+    if isinstance(value, str):
+        return " (a string: write numbers and booleans without quotes)"
+    names = {int: "an integer", float: "a float", list: "a list", dict: "a table"}
+    return f" ({names.get(type(value), type(value).__name__)})"
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)  # True is an int in Python, not in a recipe
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _bad(origin: str, where: str, name: str, need: str, value: Any, typed: bool) -> RecipeError:
+    """The error for ``name`` (in ``where``, e.g. a source) that is not ``need``; ``typed``: the type was right."""
+    return RecipeError(f"{origin}: {where + ': ' if where else ''}'{name}' must be {need}, got {value!r}"
+                       f"{'' if typed else _type_note(value)}.")
+
+
+def _positive(value: Any, name: str, origin: str, where: str = "") -> None:
+    if not _is_int(value) or value < 1:
+        raise _bad(origin, where, name, "a positive integer", value, _is_int(value))
+
+
+def _non_negative(value: Any, name: str, origin: str, where: str = "") -> None:
+    if not _is_int(value) or value < 0:
+        raise _bad(origin, where, name, "an integer >= 0", value, _is_int(value))
+
+
+def _boolean(value: Any, name: str, origin: str, where: str = "") -> None:
+    if not isinstance(value, bool):
+        raise _bad(origin, where, name, "true or false", value, False)
+
+
+def _string(value: Any, name: str, origin: str, where: str = "", optional: bool = False) -> None:
+    if not ((value is None and optional) or (isinstance(value, str) and value)):
+        raise _bad(origin, where, name, "a non-empty string", value, isinstance(value, str))
+
+
+def _choice(value: Any, name: str, choices: tuple[str, ...], origin: str, where: str = "") -> None:
+    _string(value, name, origin, where)
+    if value not in choices:
+        raise RecipeError(f"{origin}: {where + ': ' if where else ''}{name} '{value}' is not one of "
+                          f"{', '.join(choices)}.")
 
 
 def _validate(r: Recipe) -> Recipe:
+    """Check every value's type and range (also after :meth:`Recipe.replace`)."""
     o = r.origin
-    for name in ("lanes", "seq_len", "batch_per_lane", "flush_every", "chunk_rows", "chunk_bytes", "unit_bytes",
-                 "cache_bytes"):
+    if not _is_int(r.seed) or not 0 <= r.seed < SEED_LIMIT:
+        raise _bad(o, "", "seed", "an integer in [0, 2**63)", r.seed, _is_int(r.seed))
+    for name in ("lanes", "seq_len", "batch_per_lane", "flush_every"):
         _positive(getattr(r, name), name, o)
+    for name in ("chunk_rows", "chunk_bytes", "unit_bytes", "cache_bytes", "max_doc_bytes"):
+        _positive(getattr(r, name), f"read.{name}", o)
+    _choice(r.oversize, "read.oversize", OVERSIZE_POLICIES, o)
     if r.seq_len < 2:
         raise RecipeError(f"{o}: 'seq_len' must be at least 2, got {r.seq_len}.")
     if r.max_doc_tokens is not None:
@@ -254,37 +363,59 @@ def _validate(r: Recipe) -> Recipe:
         if r.max_doc_tokens > r.seq_len and r.pack.algorithm != "wrap":
             raise RecipeError(f"{o}: split.max_doc_tokens={r.max_doc_tokens} exceeds seq_len={r.seq_len}; "
                               f"a piece longer than a row cannot be packed. Lower it to at most {r.seq_len}.")
-    if r.shuffle_buffer < 0:
-        raise RecipeError(f"{o}: shuffle.buffer must be >= 0, got {r.shuffle_buffer}.")
-    if r.tokenizer.kind not in TOKENIZER_KINDS:
-        raise RecipeError(f"{o}: tokenizer.kind '{r.tokenizer.kind}' is not one of {', '.join(TOKENIZER_KINDS)}.")
-    if r.pack.algorithm not in PACK_ALGORITHMS:
-        raise RecipeError(f"{o}: pack.algorithm '{r.pack.algorithm}' is not one of {', '.join(PACK_ALGORITHMS)}.")
+    _non_negative(r.shuffle_buffer, "shuffle.buffer", o)
+    _validate_tokenizer(r.tokenizer, o)
+    _choice(r.pack.algorithm, "pack.algorithm", PACK_ALGORITHMS, o)
     _positive(r.pack.max_open_bins, "pack.max_open_bins", o)
-    if r.mix_by not in MIX_BY:
-        raise RecipeError(f"{o}: mix.by '{r.mix_by}' is not one of {', '.join(MIX_BY)}.")
+    _choice(r.mix_by, "mix.by", MIX_BY, o)
     st = r.storage  # [storage]: object stores (zephon/storage.py)
+    _string(st.cache_dir, "storage.cache_dir", o, optional=True)
     _positive(st.cache_max_bytes, "storage.cache_max_bytes", o)
     _positive(st.cache_block_bytes, "storage.cache_block_bytes", o)
-    if not isinstance(st.retries, int) or isinstance(st.retries, bool) or st.retries < 0:
-        raise RecipeError(f"{o}: 'storage.retries' must be an integer >= 0, got {st.retries!r}.")
-    if not isinstance(st.retry_backoff_s, (int, float)) or isinstance(st.retry_backoff_s, bool) \
-            or st.retry_backoff_s < 0:
-        raise RecipeError(f"{o}: 'storage.retry_backoff_s' must be a number >= 0, got {st.retry_backoff_s!r}.")
+    _non_negative(st.retries, "storage.retries", o)
+    if not _is_number(st.retry_backoff_s) or not 0 <= st.retry_backoff_s < math.inf:
+        raise _bad(o, "", "storage.retry_backoff_s", "a finite number >= 0", st.retry_backoff_s,
+                   _is_number(st.retry_backoff_s))
+    if not isinstance(r.sources, tuple) or not r.sources:
+        raise RecipeError(f"{o}: 'sources' must be a non-empty list of [[sources]] tables.")
+    for i, s in enumerate(r.sources):
+        _validate_source(s, f"[[sources]] #{i + 1}", o)
     names = [s.name for s in r.sources]
     if len(set(names)) != len(names):
         raise RecipeError(f"{o}: source names must be unique, got {names}.")
-    for s in r.sources:
-        if s.format not in SOURCE_FORMATS:
-            raise RecipeError(f"{o}: source '{s.name}': format '{s.format}' is not one of "
-                              f"{', '.join(SOURCE_FORMATS)}.")
-        if not s.weight > 0:
-            raise RecipeError(f"{o}: source '{s.name}': weight must be > 0, got {s.weight}.")
-        if s.tokens_field is not None and s.format not in TOKENS_FORMATS:
-            raise RecipeError(f"{o}: source '{s.name}': tokens_field is not supported for format '{s.format}' "
-                              f"(pre-tokenized sources: {', '.join(TOKENS_FORMATS)}). Use text_field, or store "
-                              f"the token ids in one of those formats.")
     return r
+
+
+def _validate_tokenizer(t: TokenizerSpec, o: str) -> None:
+    _choice(t.kind, "tokenizer.kind", TOKENIZER_KINDS, o)
+    _string(t.path, "tokenizer.path", o)
+    _boolean(t.add_eos, "tokenizer.add_eos", o)
+    _boolean(t.add_bos, "tokenizer.add_bos", o)
+    for name in ("eos_token", "bos_token", "pat_str"):
+        _string(getattr(t, name), f"tokenizer.{name}", o, optional=True)
+    if t.pad_id is not None:  # and below the vocabulary size: checked when the tokenizer is loaded
+        _non_negative(t.pad_id, "tokenizer.pad_id", o)
+
+
+def _validate_source(s: SourceSpec, where: str, o: str) -> None:
+    _string(s.name, "name", o, where)
+    where = f"source '{s.name}'"
+    if not isinstance(s.path, tuple) or not s.path or not all(isinstance(p, str) and p for p in s.path):
+        raise _bad(o, where, "path", "a non-empty string or a non-empty list of them", s.path, True)
+    _choice(s.format, "format", SOURCE_FORMATS, o, where)
+    _string(s.text_field, "text_field", o, where)
+    _string(s.tokens_field, "tokens_field", o, where, optional=True)
+    w = s.weight
+    if not _is_number(w) or not 0 < w < math.inf:
+        raise _bad(o, where, "weight", "a finite number > 0", w, _is_number(w))
+    if Fraction(w).limit_denominator(WEIGHT_DENOMINATOR) == 0:
+        raise RecipeError(f"{o}: {where}: 'weight' = {w!r} is too small: the mixer works with the weights as "
+                          f"fractions of denominator at most {WEIGHT_DENOMINATOR}, where it would be 0. Use weights "
+                          f"of at least {1 / WEIGHT_DENOMINATOR} (only their ratios matter: scale them all up).")
+    if s.tokens_field is not None and s.format not in TOKENS_FORMATS:
+        raise RecipeError(f"{o}: {where}: tokens_field is not supported for format '{s.format}' "
+                          f"(pre-tokenized sources: {', '.join(TOKENS_FORMATS)}). Use text_field, or store "
+                          f"the token ids in one of those formats.")
 
 
 def _tokens_field(src: Mapping[str, Any], where: str, origin: str) -> str | None:

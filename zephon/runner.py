@@ -21,9 +21,10 @@ import numpy as np
 
 from .plan import ChunkTask, WorkPlan
 from .pretokenized import frame_token_rows
-from .readers.base import RawChunk
+from .readers.base import RawChunk, is_blank
 from .recipe import Recipe
 from .tokenizer import Tokenizer, load_tokenizer
+from .worker_guard import Trainer, exit_with, this_process
 
 TextMap = Optional[Callable[[str], str]]
 TextFilter = Optional[Callable[[str], bool]]
@@ -80,7 +81,8 @@ class ChunkWorker:
         texts = raw.texts
         if self.text_map is not None:
             texts = [None if t is None else self.text_map(t) for t in texts]
-        keep = [k for k, t in enumerate(texts) if t and (self.text_filter is None or self.text_filter(t))]
+        # null, empty and whitespace-only texts are skipped (and counted), never EOS-only documents
+        keep = [k for k, t in enumerate(texts) if not is_blank(t) and (self.text_filter is None or self.text_filter(t))]
         tokens, offsets = self.tokenizer.encode([texts[k] for k in keep])
         cursors = raw.next_cursors[keep] if keep else np.zeros(0, dtype=np.int64)
         lengths = np.diff(offsets)
@@ -137,9 +139,11 @@ class _Deferred:
 _POOL_WORKER: "ChunkWorker | None" = None  # the ChunkWorker of this pool process
 
 
-def _pool_init(recipe: Recipe, text_map: TextMap, text_filter: TextFilter) -> None:
-    """Pool process start-up: one tokenizer and one set of readers per process, built once."""
+def _pool_init(recipe: Recipe, text_map: TextMap, text_filter: TextFilter, trainer: Trainer) -> None:
+    """Pool process start-up: one tokenizer and one set of readers per process, built once; the
+    process exits when ``trainer`` (the process that made the pool) dies."""
     global _POOL_WORKER
+    exit_with(trainer)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     _POOL_WORKER = ChunkWorker(recipe, WorkPlan(recipe), text_map, text_filter)
 
@@ -270,7 +274,7 @@ class Runner:
         elif num_workers:
             check_picklable(text_map=text_map, text_filter=text_filter)
             self._executor = ProcessPoolExecutor(num_workers, mp_context=start_worker_server(), initializer=_pool_init,
-                                                 initargs=(recipe, text_map, text_filter))
+                                                 initargs=(recipe, text_map, text_filter, this_process()))
 
     def submit(self, task: ChunkTask) -> "Future[TokenizedChunk] | _Deferred | _PoolFuture":
         if self._executor is None:

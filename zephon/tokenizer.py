@@ -3,18 +3,24 @@
 Every backend is called once per chunk of documents (``encode_batch_fast`` for Hugging Face
 ``tokenizers``, a list call for SentencePiece, ``encode_ordinary_batch`` for tiktoken); EOS (and
 optionally BOS) is added with numpy, not per token in Python.
+
+A tokenizer file is checked before a backend reads it: a missing file, a folder, a file of another
+kind than ``tokenizer.kind`` (recognised by its content) or one no backend can read is a
+:class:`~zephon.recipe.RecipeError` that names ``tokenizer.path``, ``tokenizer.kind`` and what the file
+looks like, not a backend's traceback.
 """
 
 from __future__ import annotations
 
 import base64
 import itertools
+import re
 from pathlib import Path
 from typing import Sequence
 
 import numpy as np
 
-from .recipe import RecipeError, TokenizerSpec
+from .recipe import RecipeError, RecipeFileError, TokenizerSpec
 
 # The split regex of OpenAI's cl100k encoding, the usual choice for a .tiktoken BPE file.
 CL100K_PATTERN = (
@@ -23,6 +29,63 @@ CL100K_PATTERN = (
 )
 _EOS_NAMES = ("</s>", "<|endoftext|>", "<eos>", "<|end_of_text|>", "[SEP]")
 _BOS_NAMES = ("<s>", "<|begin_of_text|>", "<bos>", "[CLS]")
+# What each kind's file is, for the messages.
+KIND_FILES = {
+    "sentencepiece": "a SentencePiece model (binary protobuf, usually *.model)",
+    "huggingface": "a Hugging Face tokenizer.json (a JSON object with a \"model\")",
+    "tiktoken": "a tiktoken BPE file (lines of `base64-token rank`, usually *.tiktoken)",
+}
+_TIKTOKEN_LINE = re.compile(rb"[A-Za-z0-9+/]+={0,2} [0-9]+\r?")
+_SNIFF_BYTES = 4096
+
+
+def sniff_tokenizer_kind(path: Path) -> str | None:
+    """The tokenizer kind that the file at ``path`` looks like, from its content, or None.
+
+    ``huggingface``: a JSON object naming a ``"model"``; ``tiktoken``: its first lines are ``base64 rank``;
+    ``sentencepiece``: a protobuf ``ModelProto`` (field 1, the pieces, first: ``0x0A``, a length, then the
+    first piece's own field 1, ``0x0A``). A cheap look, not a parse: the backend still has the last word."""
+    with open(path, "rb") as f:
+        head = f.read(_SNIFF_BYTES)
+    if head.lstrip()[:1] == b"{":
+        return "huggingface" if b'"model"' in path.read_bytes() else None
+    lines = [line for line in head.split(b"\n")[:8] if line]
+    complete = lines[:-1] if len(head) == _SNIFF_BYTES else lines  # the last line may be cut by the read
+    if complete and all(_TIKTOKEN_LINE.fullmatch(line) for line in complete):
+        return "tiktoken"
+    if head[:1] == b"\x0a":
+        i = 1
+        while i < len(head) and head[i] & 0x80:  # skip the varint length of the first piece
+            i += 1
+        if i + 1 < len(head) and head[i + 1] == 0x0A:
+            return "sentencepiece"
+    return None
+
+
+def _check_file(spec: TokenizerSpec) -> tuple[Path, str | None]:
+    """``tokenizer.path`` as a file that does not look like another kind than ``tokenizer.kind``, and the
+    kind it looks like; or a RecipeError saying what is wrong."""
+    path, kind = Path(spec.path), spec.kind
+    if kind not in KIND_FILES:  # a TokenizerSpec built by hand (a recipe's is validated already)
+        raise RecipeError(f"tokenizer.kind '{kind}' is not one of {', '.join(KIND_FILES)}.")
+    where = f"tokenizer.path = {spec.path} (tokenizer.kind = '{kind}')"
+    if path.is_dir():
+        inside = sorted(q.name for q in path.iterdir()
+                        if q.is_file() and (q.name.endswith((".model", ".tiktoken")) or q.name == "tokenizer.json"))
+        hint = f"; it holds {', '.join(inside[:5])}: point tokenizer.path at one of them" if inside else \
+            f"; point tokenizer.path at {KIND_FILES[kind]}"
+        raise RecipeFileError(f"{where} is a directory, not a tokenizer file{hint}.")
+    if not path.is_file():
+        raise RecipeFileError(f"tokenizer file not found: {where} does not exist. Fix tokenizer.path in the recipe "
+                              f"(relative paths resolve against the recipe's folder).")
+    try:
+        looks = sniff_tokenizer_kind(path)
+    except OSError as exc:
+        raise RecipeError(f"{where} cannot be read ({type(exc).__name__}: {exc}).") from exc
+    if looks is not None and looks != kind:
+        raise RecipeError(f"{where}: the file looks like {KIND_FILES[looks]}, not {KIND_FILES[kind]}. Set "
+                          f"tokenizer.kind = '{looks}', or point tokenizer.path at {KIND_FILES[kind]}.")
+    return path, looks
 
 
 class Tokenizer:
@@ -30,17 +93,28 @@ class Tokenizer:
 
     def __init__(self, spec: TokenizerSpec) -> None:
         self.spec = spec
-        path = Path(spec.path)
-        if not path.is_file():
-            raise FileNotFoundError(f"tokenizer file not found: {spec.path} (tokenizer.path in the recipe)")
+        path, looks = _check_file(spec)
         self._encode = None
-        getattr(self, f"_load_{spec.kind}")(path)
+        try:
+            getattr(self, f"_load_{spec.kind}")(path)
+        except (RecipeError, ImportError):  # already says what to fix / a library to install
+            raise
+        except Exception as exc:  # each backend has its own errors for a file it cannot read
+            looks_like = "looks like one but is damaged or truncated" if looks == spec.kind else \
+                "looks like none of the kinds Zephon reads (sentencepiece, tiktoken, huggingface)"
+            raise RecipeError(f"tokenizer.path = {spec.path} cannot be read as tokenizer.kind = '{spec.kind}' "
+                              f"({type(exc).__name__}: {str(exc)[:300]}). It should be {KIND_FILES[spec.kind]}; "
+                              f"the file {looks_like}: point tokenizer.path at a good file.") from exc
         if spec.add_eos and self.eos_id is None:
             raise RecipeError(f"tokenizer {spec.path} has no EOS token; set tokenizer.eos_token to its name "
                               f"or add_eos = false.")
         if spec.add_bos and self.bos_id is None:
             raise RecipeError(f"tokenizer {spec.path} has no BOS token; set tokenizer.bos_token or "
                               f"add_bos = false.")
+        if spec.pad_id is not None and not 0 <= spec.pad_id < self.vocab_size:
+            raise RecipeError(f"tokenizer.pad_id = {spec.pad_id} is outside [0, {self.vocab_size}), the ids of "
+                              f"tokenizer {spec.path}; use an id of this tokenizer, or leave pad_id out to pad "
+                              f"with EOS ({self.eos_id}).")
         self.pad_id = spec.pad_id if spec.pad_id is not None else (self.eos_id or 0)
 
     # -- backends -------------------------------------------------------------------------------
@@ -49,8 +123,8 @@ class Tokenizer:
 
         sp = spm.SentencePieceProcessor(model_file=str(path))
         self.vocab_size = sp.get_piece_size()
-        self.eos_id = _named(sp, self.spec.eos_token, sp.eos_id())
-        self.bos_id = _named(sp, self.spec.bos_token, sp.bos_id())
+        self.eos_id = _named(sp, self.spec.eos_token, sp.eos_id(), "eos_token")
+        self.bos_id = _named(sp, self.spec.bos_token, sp.bos_id(), "bos_token")
         self._encode = lambda texts: sp.encode(list(texts), out_type=int, num_threads=1)
 
     def _load_huggingface(self, path: Path) -> None:
@@ -58,8 +132,8 @@ class Tokenizer:
 
         tok = HFTokenizer.from_file(str(path))
         self.vocab_size = tok.get_vocab_size()
-        self.eos_id = _first_id(tok.token_to_id, self.spec.eos_token, _EOS_NAMES)
-        self.bos_id = _first_id(tok.token_to_id, self.spec.bos_token, _BOS_NAMES)
+        self.eos_id = _first_id(tok.token_to_id, self.spec.eos_token, _EOS_NAMES, "eos_token")
+        self.bos_id = _first_id(tok.token_to_id, self.spec.bos_token, _BOS_NAMES, "bos_token")
         self._encode = lambda texts: [e.ids for e in tok.encode_batch_fast(list(texts), add_special_tokens=False)]
 
     def _load_tiktoken(self, path: Path) -> None:
@@ -109,22 +183,22 @@ class Tokenizer:
         return flat, offsets
 
 
-def _named(sp, name: str | None, default: int) -> int | None:
+def _named(sp, name: str | None, default: int, key: str) -> int | None:
     if name is not None:
         tid = sp.piece_to_id(name)
         if sp.id_to_piece(tid) != name:  # SentencePiece maps an unknown piece to <unk>
-            raise RecipeError(f"tokenizer has no token '{name}'")
+            raise RecipeError(f"tokenizer has no token '{name}' (tokenizer.{key}); set it to a token of the tokenizer.")
         return tid
     return default if default >= 0 else None
 
 
-def _first_id(token_to_id, name: str | None, candidates: Sequence[str]) -> int | None:
+def _first_id(token_to_id, name: str | None, candidates: Sequence[str], key: str) -> int | None:
     for cand in ([name] if name else candidates):
         tid = token_to_id(cand)
         if tid is not None:
             return tid
     if name:
-        raise RecipeError(f"tokenizer has no token '{name}'")
+        raise RecipeError(f"tokenizer has no token '{name}' (tokenizer.{key}); set it to a token of the tokenizer.")
     return None
 
 

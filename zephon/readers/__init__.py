@@ -5,7 +5,7 @@ from __future__ import annotations
 import fsspec
 
 from ..recipe import Recipe, SourceSpec
-from .base import LRU, RawChunk, Reader, SourceError, Unit
+from .base import LRU, DocLimit, RawChunk, Reader, SourceError, Unit
 from .indexed import IndexedReader
 from .jsonl import JsonlReader
 from .litdata import LitDataReader
@@ -22,10 +22,12 @@ __all__ = ["RawChunk", "Reader", "SourceError", "Unit", "make_reader", "LRU", "I
 def make_reader(recipe: Recipe, source: SourceSpec, fs: fsspec.AbstractFileSystem) -> Reader:
     """The reader for ``source``'s format, configured with the recipe's chunk sizes."""
     tokens = source.tokens_field  # pre-tokenized sources (zephon/pretokenized.py)
+    limit = DocLimit(recipe.max_doc_bytes, recipe.oversize)  # the per-document size guard ([read])
     if source.format == "parquet":
-        return ParquetReader(fs, source.name, source.text_field, recipe.chunk_rows, recipe.cache_bytes, tokens)
+        return ParquetReader(fs, source.name, source.text_field, recipe.chunk_rows, recipe.cache_bytes, tokens,
+                             limit)
     if source.format == "jsonl":
-        return JsonlReader(fs, source.name, source.text_field, recipe.chunk_bytes, recipe.unit_bytes)
+        return JsonlReader(fs, source.name, source.text_field, recipe.chunk_bytes, recipe.unit_bytes, limit)
     if source.format in INDEXED_READERS:  # MDS, LitData: shards listed from index.json (readers/indexed.py)
         return INDEXED_READERS[source.format](fs, source.name, tokens or source.text_field, tokens is not None,
                                               recipe.chunk_rows, recipe.cache_bytes)

@@ -26,6 +26,74 @@ class SourceError(RuntimeError):
     """Bad input in a source file; the message names the file, the field and the fix."""
 
 
+@dataclass(frozen=True)
+class DocLimit:
+    """The per-document size guard (``[read] max_doc_bytes`` and ``[read] oversize``).
+
+    A document larger than ``max_bytes`` (UTF-8 bytes of its text; for JSON Lines, of its line, which
+    is never shorter than its text) is skipped and counted with the null and blank records (``"skip"``),
+    cut to ``max_bytes`` at a character boundary (``"truncate"``), or refused (``"error"``). It keeps one
+    huge record from holding a lane up and from costing gigabytes to parse and tokenize.
+    """
+
+    max_bytes: int = 16 << 20
+    policy: str = "skip"  # one of zephon.recipe.OVERSIZE_POLICIES
+
+    def refuse(self, source: str, path: str, where: str, what: str) -> SourceError:
+        """The error of the ``"error"`` policy; ``where`` says where the record is, ``what`` what is too big
+        (``"a text of 70000000 bytes"``)."""
+        return SourceError(f"source '{source}': {path}, {where}: {what} exceeds [read] "
+                           f"max_doc_bytes = {self.max_bytes}. Raise [read] max_doc_bytes, set [read] oversize "
+                           f"= \"skip\" (skip and count such records) or \"truncate\", or remove that record.")
+
+
+DEFAULT_DOC_LIMIT = DocLimit()  # the recipe's defaults: [read] max_doc_bytes = 16 MiB, oversize = "skip"
+
+
+def utf8_prefix(data: bytes, limit: int) -> str:
+    """The longest prefix of the UTF-8 text ``data`` that has at most ``limit`` bytes and ends on a
+    character boundary, decoded. ``data`` may stop after byte ``limit`` (the first byte not kept tells
+    whether a character straddles the cut); lone surrogates, which JSON can hold, pass through."""
+    cut = min(limit, len(data))
+    while 0 < cut < len(data) and data[cut] & 0xC0 == 0x80:  # a continuation byte: the cut splits a character
+        cut -= 1
+    return bytes(data[:cut]).decode("utf-8", "surrogatepass")
+
+
+def is_blank(text: str | None) -> bool:
+    """Whether a record has no text worth a document: null, empty or whitespace only."""
+    return not text or text.isspace()
+
+
+def limit_text_column(col: Any, limit: DocLimit, source: str, path: str, first_row: int) -> list[str | None]:
+    """A string column (pyarrow) as Python texts, with :class:`DocLimit` applied to each row.
+
+    The UTF-8 lengths are measured in one vectorised call; an oversize row (null when skipped) is never
+    turned into a Python string, and only such rows are handled one by one. ``first_row`` is the row
+    number of ``col[0]`` in ``path``, for the error of the ``"error"`` policy."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if col.nbytes <= limit.max_bytes:  # the usual chunk: all its buffers together are under the limit
+        return col.to_pylist()
+    measured = col.cast(pa.large_string()) if pa.types.is_string_view(col.type) else col  # no kernel for views
+    over = pc.fill_null(pc.greater(pc.binary_length(measured), limit.max_bytes), False)
+    if not pc.any(over).as_py():
+        return col.to_pylist()
+    rows = np.flatnonzero(over.to_numpy(zero_copy_only=False)).tolist()
+    if limit.policy == "error":
+        row = rows[0]
+        raise limit.refuse(source, path, f"row {first_row + row}", f"a text of {len(col[row].as_buffer())} bytes")
+    texts: list[str | None] = []
+    prev = 0
+    for row in rows:
+        texts += col.slice(prev, row - prev).to_pylist()
+        texts.append(utf8_prefix(col[row].as_buffer().slice(0, limit.max_bytes + 1).to_pybytes(), limit.max_bytes)
+                     if limit.policy == "truncate" else None)
+        prev = row + 1
+    return texts + col.slice(prev).to_pylist()
+
+
 def path_not_found(origin: str, source: str, pattern: str) -> SourceError:
     """The error for a ``sources.path`` entry that names nothing (shared by every way of listing)."""
     return SourceError(f"{origin}: source '{source}': path '{pattern}' does not exist. Fix sources.path "

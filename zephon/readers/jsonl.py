@@ -3,21 +3,31 @@
 Plain files are split at byte offsets; a chunk owns the lines that *start* inside it, so any byte
 range can be read with one seek and nothing is read twice. Compressed files cannot be seeked, so a
 compressed file is one chunk (decompressed once by one worker) and its coordinates are line numbers.
+
+Reading is linear in the file's size, however long its lines: a chunk reads its own bytes once (and
+the byte before them); a chunk in which no line starts owns nothing and reads no further, and the
+chunk in which a long line starts reads the rest of it in doubling steps, joined once. A line longer
+than ``[read] max_doc_bytes`` is skipped, cut or refused (:class:`~zephon.readers.base.DocLimit`); a
+skipped or refused one is not read past the limit.
 """
 
 from __future__ import annotations
 
-import io
 import json
 import math
-from typing import Sequence
+from typing import BinaryIO, Sequence
 
 import fsspec
 import numpy as np
 
-from .base import LRU, RawChunk, SourceError, Unit, aligned_cuts, split_evenly
+from .base import (DEFAULT_DOC_LIMIT, LRU, DocLimit, RawChunk, SourceError, Unit, aligned_cuts, split_evenly,
+                   utf8_prefix)
 
 _COMPRESSION = {".gz": "gzip", ".zst": "zstd", ".zstd": "zstd"}
+# Reads of a line that goes on past its chunk: the first this long, each next one twice as long (up to
+# the cap), so a line of n bytes costs O(log n) reads and one join, never a copy per read.
+_FIRST_READ = 1 << 16
+_MAX_READ = 16 << 20
 
 
 def compression_of(path: str) -> str | None:
@@ -45,12 +55,13 @@ class JsonlReader:
     """Reads ``text_field`` of JSON Lines files (``.jsonl``, ``.jsonl.gz``, ``.jsonl.zst``)."""
 
     def __init__(self, fs: fsspec.AbstractFileSystem, source: str, text_field: str,
-                 chunk_bytes: int, unit_bytes: int) -> None:
+                 chunk_bytes: int, unit_bytes: int, doc_limit: DocLimit = DEFAULT_DOC_LIMIT) -> None:
         self.fs = fs
         self.source = source
         self.text_field = text_field
         self.chunk_bytes = chunk_bytes
         self.unit_bytes = unit_bytes
+        self.doc_limit = doc_limit
         self._sizes = LRU(256)
         self._lines = LRU(2)
 
@@ -113,44 +124,83 @@ class JsonlReader:
         if compression_of(path):
             lines = self._all_lines(path)
             stop = len(lines) if end < 0 else min(end, len(lines))
-            texts = [self._text(lines[k], path, f"line {k + 1}") for k in range(start, stop)]
+            texts = [self._record(lines[k], path, f"line {k + 1}") for k in range(start, stop)]
             return RawChunk(texts, np.arange(start + 1, stop + 1, dtype=np.int64), stop)
-        return self._read_bytes(path, start, end)
+        return self._read_bytes(path, start, self._size(path) if end < 0 else end)
 
     def _read_bytes(self, path: str, start: int, end: int) -> RawChunk:
+        """The lines that start in ``[start, end)``: the chunk's bytes, plus the rest of its last line."""
         try:
             f = self.fs.open(path, "rb")
         except FileNotFoundError as exc:
             raise SourceError(f"source '{self.source}': file {path} is missing.") from exc
-        with f:
-            skip = 1 if start > 0 else 0  # the byte before start tells whether a line starts at start
-            f.seek(start - skip)
-            buf = io.BytesIO()
-            buf.write(f.read(end - start + skip))
-            while True:  # finish the last line that starts before end
-                tail = buf.getvalue()
-                if tail.endswith(b"\n") or len(tail) < end - start + skip:
-                    break
-                more = f.read(1 << 16)
-                if not more:
-                    break
-                nl = more.find(b"\n")
-                buf.write(more if nl < 0 else more[: nl + 1])
-                if nl >= 0:
-                    break
-            data = buf.getvalue()
-        first = 0 if start == 0 else data.find(b"\n") + 1  # skip the line that began before start
         texts: list[str | None] = []
         cursors: list[int] = []
-        pos = first if (start == 0 or first > 0) else len(data)
-        limit = end - start + skip
-        while pos < len(data) and pos < limit:
-            nl = data.find(b"\n", pos)
-            stop = len(data) if nl < 0 else nl + 1
-            texts.append(self._text(data[pos:stop], path, f"byte {start - skip + pos}"))
-            cursors.append(start - skip + stop)
-            pos = stop
+        with f:
+            skip = 1 if start > 0 else 0  # the byte before start tells whether a line starts at start
+            base = start - skip  # file offset of data[0]
+            f.seek(base)
+            data = f.read(end - base)
+            if skip:  # the first line starts after the first newline; none in the chunk: it owns nothing
+                pos = data.find(b"\n") + 1 or len(data)
+            else:
+                pos = 0
+            while pos < len(data):
+                nl = data.find(b"\n", pos)
+                if nl < 0:  # the last line goes on past the chunk (or ends the file without a newline)
+                    text, stop = self._last_line(f, data[pos:], base + pos, end, path)
+                    texts.append(text)
+                    cursors.append(stop)
+                    break
+                texts.append(self._record(data[pos:nl], path, f"byte {base + pos}"))
+                cursors.append(base + nl + 1)
+                pos = nl + 1
         return RawChunk(texts, np.asarray(cursors, dtype=np.int64), end)
+
+    def _last_line(self, f: BinaryIO, head: bytes, offset: int, end: int, path: str) -> tuple[str | None, int]:
+        """The record of the line at ``offset`` that starts with ``head`` (read so far; ``f`` is just
+        past it): read on to its newline in doubling steps, joined once. Returns the text and the cursor
+        after the line. A line found longer than the size guard is not read further unless it is to be
+        cut: a skipped one reports ``end`` as its cursor, which is where the next chunk starts (and owns
+        nothing of this line), so resuming there is the same as resuming after the line."""
+        limit = self.doc_limit
+        parts, size, step = [head], len(head), _FIRST_READ
+        while True:
+            if size > limit.max_bytes and limit.policy != "truncate":
+                text = self._oversize(b"", f"a line of more than {limit.max_bytes} bytes", path, f"byte {offset}")
+                return text, end
+            more = f.read(step)
+            if not more:  # end of file: its last line has no newline
+                break
+            nl = more.find(b"\n")
+            if nl >= 0:
+                parts.append(more[:nl])
+                size += nl
+                return self._record(b"".join(parts), path, f"byte {offset}"), offset + size + 1
+            parts.append(more)
+            size += len(more)
+            step = min(2 * step, _MAX_READ)
+        return self._record(b"".join(parts), path, f"byte {offset}"), offset + size
+
+    def _record(self, line: bytes, path: str, where: str) -> str | None:
+        """The text of one line (without its newline), the size guard applied."""
+        if len(line) > self.doc_limit.max_bytes:
+            return self._oversize(line, f"a line of {len(line)} bytes", path, where)
+        return self._text(line, path, where)
+
+    def _oversize(self, line: bytes, what: str, path: str, where: str) -> str | None:
+        """A line over ``max_doc_bytes``: skipped (None), refused, or parsed and its text cut to the limit
+        (a line is never shorter than its text, so only such lines can hold a text over the limit)."""
+        limit = self.doc_limit
+        if limit.policy == "error":
+            raise limit.refuse(self.source, path, where, what)
+        if limit.policy == "skip":
+            return None
+        text = self._text(line, path, where)
+        if text is None or len(text) * 4 <= limit.max_bytes:  # at most 4 bytes a character: cannot be over
+            return text
+        data = text.encode("utf-8", "surrogatepass")
+        return text if len(data) <= limit.max_bytes else utf8_prefix(data, limit.max_bytes)
 
     def _text(self, line: bytes, path: str, where: str) -> str | None:
         line = line.strip()

@@ -3,6 +3,11 @@
 Units: a whole file when a source has at least as many files as there are lanes (no footer is read
 to plan); otherwise row groups, and row ranges inside row groups when even those are fewer than the
 lanes, so that a one-file source still feeds every lane.
+
+Untrusted input: a file is decoded by pyarrow's C++ reader, one column at a time, and only a string or
+integer-list column is used. Nothing in it is unpickled: pyarrow (>= 14.0.1; Zephon needs >= 15) never
+loads the pickled ``arrow.py_extension_type`` metadata unless a program opts in, and the pandas schema
+metadata is never read (no ``to_pandas``).
 """
 
 from __future__ import annotations
@@ -15,7 +20,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from .base import LRU, RawChunk, SourceError, Unit, chunks_in_groups, units_of_groups
+from .base import (DEFAULT_DOC_LIMIT, LRU, DocLimit, RawChunk, SourceError, Unit, chunks_in_groups, limit_text_column,
+                   units_of_groups)
 from .tokens import arrow_token_rows, is_token_list_type
 
 _TEXT_TYPES = (pa.types.is_string, pa.types.is_large_string, pa.types.is_string_view)
@@ -26,12 +32,14 @@ class ParquetReader:
     coordinates are row numbers within a file."""
 
     def __init__(self, fs: fsspec.AbstractFileSystem, source: str, text_field: str, chunk_rows: int,
-                 cache_bytes: int = 1 << 30, tokens_field: str | None = None) -> None:
+                 cache_bytes: int = 1 << 30, tokens_field: str | None = None,
+                 doc_limit: DocLimit = DEFAULT_DOC_LIMIT) -> None:
         self.fs = fs
         self.source = source
         self.text_field = tokens_field or text_field  # the one column read
         self.tokens_field = tokens_field
         self.chunk_rows = chunk_rows
+        self.doc_limit = doc_limit  # [read] max_doc_bytes / oversize, applied to texts
         self._files = LRU(64)
         # Decoded text columns of row groups, shared by this process's lanes and threads.
         self._columns = LRU(1024, max_size=cache_bytes, size_of=lambda col: col.nbytes)
@@ -104,7 +112,7 @@ class ParquetReader:
         cursors = np.arange(start + 1, end + 1, dtype=np.int64)
         if self.tokens_field:
             return RawChunk([], cursors, end, tokens=arrow_token_rows(col, self.source, path, self.text_field, start))
-        return RawChunk(col.to_pylist(), cursors, end)
+        return RawChunk(limit_text_column(col, self.doc_limit, self.source, path, start), cursors, end)
 
 
 def _is_local(fs: fsspec.AbstractFileSystem) -> bool:

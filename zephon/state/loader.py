@@ -14,8 +14,8 @@ import json
 from pathlib import Path
 from typing import Any, Sequence
 
-from .plan import WorkPlan
-from .recipe import Recipe
+from ..plan import WorkPlan
+from ..recipe import Recipe
 
 STATE_FORMAT = "zephon.loader_state"
 STATE_VERSION = 2  # 2: lanes carry the packer's post-sentinel top-up (``carry``)
