@@ -25,7 +25,8 @@ except ImportError:  # pragma: no cover - tests/ collected as a rootdir-less fol
     from conftest import base_recipe_dict
 
 REPO = Path(__file__).resolve().parents[1]
-STEP_LINE = re.compile(r"^step\s+(\d+)\s+sha256 ([0-9a-f]{64})\s+tok/s\s+\S+\s+non-pad ([0-9.]+)$", re.M)
+STEP_LINE = re.compile(r"^step\s+(\d+)\s+sha256 ([0-9a-f]{64})\s+tok/s last\s+(\d+) steps?\s+(\S+)\s+avg\s+(\S+)"
+                       r"\s+non-pad ([0-9.]+)$", re.M)
 
 
 # -- helpers ----------------------------------------------------------------------------------------
@@ -63,7 +64,7 @@ def write_recipe(path: Path, corpus: Path, sp_model: Path, **overrides: Any) -> 
 
 
 def step_lines(text: str) -> list[tuple[int, str]]:
-    return [(int(step), digest) for step, digest, _ in STEP_LINE.findall(text)]
+    return [(int(step), digest) for step, digest, *_ in STEP_LINE.findall(text)]
 
 
 def reference_digests(recipe_path: Path, rank: int, world_size: int, steps: int) -> list[str]:
@@ -108,6 +109,42 @@ def test_run_with_thread_workers_and_hash_every(recipe_path):
     assert step_lines(result.stdout) == [(3, ref[2]), (6, ref[5]), (8, ref[7])]
 
 
+def test_run_labels_the_recent_and_the_average_rate(recipe_path, capsys):
+    """Each step line shows the rate over the last 10 steps (fewer at the start), then the average since the
+    start; the legend and the summary say which figure covers which window."""
+    assert main(["run", str(recipe_path), "--steps", "12", "--quiet"]) == 0
+    out = capsys.readouterr().out
+    found = STEP_LINE.findall(out)
+    assert [int(step) for step, *_ in found] == list(range(1, 13))
+    assert [int(window) for _, _, window, *_ in found] == [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 10, 10]
+    _, _, _, recent, average, _ = found[0]
+    assert recent == average  # one step: both windows are that step
+    assert "over the last 10 steps (fewer at the start) and on average since the first batch" in out
+    summary = out[out.index("summary:"):]
+    assert re.search(r"^summary: 12 steps, \d+ tokens \(padding included\) in [0-9.]+s$", summary, re.M)
+    assert re.search(r"first batch after [0-9.]+s;  tok/s: \S+ average over all 12 steps \(first batch included\), "
+                     r"\S+ average after the first batch \(11 steps\), \S+ over the last 10 steps$", summary, re.M)
+    assert "tok/s here" not in out and "tok/s loader" not in out  # the two unlabelled figures of old
+
+
+def test_throughput_windows():
+    """The arithmetic behind those figures, on made-up step times: a slow first batch (10 s) then one
+    step a second; 100 tokens a step."""
+    from zephon.cli import _Throughput
+
+    rate = _Throughput(started=0.0, window=3)
+    assert rate.after_first() is None
+    rate.add(10.0, 100)
+    assert (rate.window_steps, rate.recent(), rate.average(), rate.after_first()) == (1, 10.0, 10.0, None)
+    for t in (11.0, 12.0, 13.0, 14.0):
+        rate.add(t, 100)
+    assert rate.window_steps == 3 and rate.tokens == 500
+    assert rate.recent() == 100.0            # steps ending at 12, 13, 14: 300 tokens in 3 s (from 11 s)
+    assert rate.average() == 500 / 14        # since the start, the first batch's 10 s included
+    assert rate.after_first() == 400 / 4     # from the end of the first step
+    assert rate.first_batch_at == (10.0, 100)
+
+
 def test_run_save_then_resume_on_other_world_sizes(recipe_path, tmp_path, capsys):
     single = tmp_path / "w1.json"
     assert main(["run", str(recipe_path), "--steps", "3", "--save-state", str(single), "--quiet"]) == 0
@@ -143,7 +180,18 @@ def test_resume_errors_are_one_line(recipe_path, tmp_path, corpus, sp_model, cap
     capsys.readouterr()
     assert main(["run", str(recipe_path), "--steps", "1", "--resume", str(part), "--quiet"]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("zephon: error: ") and "merge" in err and "Traceback" not in err
+    assert err.startswith("zephon: error: ") and "Traceback" not in err and err.count("\n") == 1
+    # The command line's fix (repeat --resume with every rank's file), not the Python API's (merge_states).
+    assert f"{part} (rank 1 of 2: lanes 8..15)" in err and "lanes 0..7 are in none of them" in err
+    assert "the state files of all 2 ranks" in err and "repeating the flag" in err and "--resume" in err
+    assert "merge_states" not in err
+    # Rank 0 of 2 needs exactly the lanes the file lacks; rank 1 of 2 needs no other file.
+    assert main(["run", str(recipe_path), "--world-size", "2", "--rank", "0", "--steps", "1", "--resume",
+                 str(part), "--quiet"]) == 2
+    assert "lanes 0..7 are in none of them" in capsys.readouterr().err
+    assert main(["run", str(recipe_path), "--world-size", "2", "--rank", "1", "--steps", "1", "--resume",
+                 str(part), "--quiet"]) == 0
+    capsys.readouterr()
 
     # A state from another recipe (different seed).
     other = write_recipe(tmp_path / "other.toml", corpus, sp_model, seed=8)

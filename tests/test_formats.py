@@ -46,10 +46,10 @@ def shard_name(k: int) -> str:
     is at the same place of the sorted listing in every format."""
     return f"chunk-0-{k}"
 FORMATS = ["mds", "litdata", "vortex"]
-# The writers (and the LitData / Vortex readers) come with zephon[formats]; without one, its tests skip
-# with this reason (shown by pytest -ra) rather than fail.
+# The writers come from .ci/run, the LitData / Vortex readers' libraries from the litdata / formats extras;
+# without one, its tests skip with this reason (shown by pytest -ra) rather than fail.
 _LIBRARY = {"mds": "streaming", "litdata": "litdata", "vortex": "vortex"}
-MISSING = {fmt: f"{fmt}: {mod} is not installed (pip install 'zephon[formats]')"
+MISSING = {fmt: f"{fmt}: {mod} is not installed (.ci/run installs every library the tests use)"
            for fmt, mod in _LIBRARY.items() if importlib.util.find_spec(mod) is None}
 
 
@@ -85,7 +85,7 @@ def mds_writer():
         pass
     spec = importlib.util.find_spec("streaming")
     if spec is None or not spec.submodule_search_locations:
-        _missing("mosaicml-streaming is not installed (pip install 'zephon[formats]')")
+        _missing("mosaicml-streaming is not installed (.ci/run installs every library the tests use)")
     for name in [m for m in sys.modules if m == "streaming" or m.startswith("streaming.")]:
         del sys.modules[name]
     root = list(spec.submodule_search_locations)[0]
