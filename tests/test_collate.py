@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from zephon import IGNORE, batch_digest, collate, global_digest
-from zephon.nodes.items import Row
+from zephon.records import Row
 
 
 @st.composite
@@ -21,7 +21,7 @@ def rows_st(draw):
             if n > row.free:
                 break
             tokens = np.asarray(draw(st.lists(st.integers(0, 50_000), min_size=n, max_size=n)), dtype=np.int32)
-            row.add(tokens, draw(st.sampled_from([IGNORE, 17])))
+            row.add({"input_ids": tokens}, 0, n, draw(st.sampled_from([IGNORE, 17])))
         rows.append(row)
     return seq_len, rows
 
@@ -68,7 +68,7 @@ def test_global_digest_equals_digest_of_the_concatenated_batch():
     rows = []
     for k in range(4):
         row = Row(8)
-        row.add(np.arange(k, k + 5, dtype=np.int32), IGNORE)
+        row.add({"input_ids": np.arange(k, k + 5, dtype=np.int32)}, 0, 5, IGNORE)
         rows.append(row)
     whole = collate(rows, 8, 0)
     parts = [collate(rows[:1], 8, 0), collate(rows[1:3], 8, 0), collate(rows[3:], 8, 0)]

@@ -65,8 +65,8 @@ def _resume_points(recipe, world_size: int, steps: int) -> tuple[int, int]:
     crossed, between = {}, {}
     for k in range(2, steps + 1):
         before, after = states[k - 2]["lanes"], states[k - 1]["lanes"]
-        crossed[k] = sum(after[x]["epoch"] > before[x]["epoch"] for x in after)
-        between[k] = sum(after[x]["epoch"] == before[x]["epoch"] > 0 and after[x]["rows_since_flush"] > 0
+        crossed[k] = sum(after[x]["sentinels"] > before[x]["sentinels"] for x in after)
+        between[k] = sum(after[x]["sentinels"] == before[x]["sentinels"] > 0 and after[x]["rows_since_flush"] > 0
                          for x in after)
     k_at = max(crossed, key=lambda k: (crossed[k], -k))
     k_between = max(between, key=lambda k: (between[k], -k))
@@ -228,7 +228,7 @@ def _refuse_main_thread(text: str) -> bool:
 @pytest.fixture(scope="module")
 def long_doc_recipe(tmp_path_factory, corpus_texts, sp_model):
     """One Parquet source of ~2,000-character documents: every 64-row chunk is far above
-    zephon.runner.OFF_MAIN_MIN_CHARS, so every chunk is worth the helper thread."""
+    zephon.engine.stages.OFF_MAIN_MIN_CHARS, so every chunk is worth the helper thread."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -247,10 +247,10 @@ def long_doc_recipe(tmp_path_factory, corpus_texts, sp_model):
 
 @pytest.mark.parametrize("runner,workers", [("thread", 0), ("thread", 1), ("pool", 1), ("process", 1)])
 def test_large_chunks_are_never_tokenized_on_a_main_thread(long_doc_recipe, runner, workers):
-    """glibc serves main threads from its slower main malloc arena (zephon.runner.run_off_main_thread),
+    """glibc serves main threads from its slower main malloc arena (zephon.engine.stages.run_off_main_thread),
     so inline, in a pool process or in a lane process, a large chunk's hooks and tokenizer run on a helper
     thread. The hook runs where the tokenizer runs, and refuses a main thread."""
-    from zephon.runner import OFF_MAIN_MIN_CHARS
+    from zephon.engine.stages import OFF_MAIN_MIN_CHARS
 
     assert 64 * 2000 > OFF_MAIN_MIN_CHARS
     expected = global_hashes(long_doc_recipe, 1, 3)
@@ -264,24 +264,22 @@ def test_large_chunks_are_never_tokenized_on_a_main_thread(long_doc_recipe, runn
 def test_small_chunks_stay_on_the_calling_thread(make_recipe, monkeypatch):
     """Below OFF_MAIN_MIN_CHARS the hand-off costs more than it saves: the chunk stays where it is,
     and moving it changes nothing in the output."""
-    from zephon import runner as runner_mod
-    from zephon.plan import WorkPlan as Plan
+    from zephon.engine import stages as stages_mod
 
     recipe = make_recipe(lanes=2)
-    plan = Plan(recipe)
-    task = next(plan.sources[0].chunk_tasks(0, 0, -1))
     seen: list[str] = []
 
     def where(text: str) -> bool:
         seen.append(threading.current_thread().name)
         return True
 
-    worker = runner_mod.ChunkWorker(recipe, plan, text_filter=where)
-    stay = worker(task)
+    program = recipe.to_pipeline(text_filter=where).compile()
+    task = next(program.plan.sources[0].chunk_tasks(0, 0, -1))
+    stay = program.stages.run(0, 0, task)
     assert seen and set(seen) == {threading.main_thread().name}
     seen.clear()
-    monkeypatch.setattr(runner_mod, "OFF_MAIN_MIN_CHARS", 0)
-    moved = worker(task)
+    monkeypatch.setattr(stages_mod, "OFF_MAIN_MIN_CHARS", 0)
+    moved = program.stages.run(0, 0, task)
     assert seen and all(name.startswith("zephon-chunk-inline") for name in seen)
-    assert (stay.tokens.tobytes(), stay.offsets.tobytes(), stay.next_cursors.tobytes()) == \
-        (moved.tokens.tobytes(), moved.offsets.tobytes(), moved.next_cursors.tobytes())
+    assert (stay.token_fields["input_ids"].tobytes(), stay.offsets.tobytes(), stay.resume_cursor.tobytes()) == \
+        (moved.token_fields["input_ids"].tobytes(), moved.offsets.tobytes(), moved.resume_cursor.tobytes())

@@ -187,7 +187,8 @@ def test_suite_recipes_keep_their_batches(golden, corpus, sp_model, hf_tokenizer
 
 def _inputs(corpus: Path, sp_model: Path, demo: Path) -> dict[str, str]:
     return {"test_corpus": _digest_files(list(corpus.rglob("*.*"))), "test_sp_model": _digest_files([sp_model]),
-            "demo_corpus": _digest_files(list((demo / "data").rglob("*.*")) + [demo / "tok.model"])}
+            "demo_corpus": _digest_files(list((demo / "data" / "web").rglob("*.*")) +
+                                         list((demo / "data" / "code").rglob("*.*")) + [demo / "tok.model"])}
 
 
 def write_golden(tmp: Path) -> None:

@@ -26,7 +26,6 @@ from zephon import recipe_from_dict
 from zephon.plan import PROBE_RECORDS
 from zephon.readers.base import DocLimit
 from zephon.readers.jsonl import JsonlReader
-from zephon.runner import ChunkWorker
 
 try:
     from tests.conftest import base_recipe_dict
@@ -255,13 +254,13 @@ def test_whitespace_only_records_are_skipped_and_counted_not_eos_documents(tmp_p
     plan = WorkPlan(r)
     task = next(plan.sources[0].chunk_tasks(0, 0, -1))
     assert (task.start, task.end) == (0, len(raw))
-    out = ChunkWorker(r, plan)(task)
-    assert out.raw_records == 7 and out.n_docs == 3 and out.skipped == 4
+    out = r.to_pipeline().compile(plan).stages.run(0, 0, task)  # the stateless work of one chunk
+    assert out.raw_records == 7 and out.n == 3 and out.skipped == 4 and out.counts == {"blank_records": 4}
     lengths = (out.offsets[1:] - out.offsets[:-1]).tolist()
     assert min(lengths) > 1  # no EOS-only document
     ends = [raw.index(b"\n", raw.index(json.dumps({"id": k, "text": t}).encode())) + 1
             for k, t in enumerate(texts)]
-    assert out.next_cursors.tolist() == [ends[0], ends[2], ends[5]]
+    assert out.resume_cursor.tolist() == [ends[0], ends[2], ends[5]]
 
 
 @pytest.mark.timeout(120)

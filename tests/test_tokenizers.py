@@ -20,8 +20,7 @@ from tiktoken.load import load_tiktoken_bpe
 from tokenizers import Tokenizer as HFTokenizer
 
 from zephon import RecipeError, TokenizerSpec, WorkPlan, load_tokenizer, recipe_from_dict
-from zephon.runner import ChunkWorker
-from zephon.tokenizer import CL100K_PATTERN
+from zephon.tokenization import CL100K_PATTERN
 
 KINDS = ("sentencepiece", "huggingface", "tiktoken")
 EXTRA = ["", "héllo wörld — naïve café", "日本語のテキストです。", "emoji 😀🎉 and\ttabs\r\nCRLF", "x",
@@ -145,17 +144,17 @@ def test_documents_that_tokenize_to_nothing_are_dropped_with_their_cursors(tmp_p
         "tokenizer": {"kind": "sentencepiece", "path": str(sp_model), "add_eos": False},
         "sources": [{"name": "d", "path": str(tmp_path / "d.jsonl"), "format": "jsonl"}],
     })
-    plan = WorkPlan(recipe)
-    worker = ChunkWorker(recipe, plan)
-    task = next(plan.sources[0].chunk_tasks(0, 0, -1))
+    program = recipe.to_pipeline().compile()
+    task = next(program.plan.sources[0].chunk_tasks(0, 0, -1))
     assert (task.start, task.end) == (0, len(raw))
-    out = worker(task)
+    out = program.stages.run(0, 0, task)  # the stateless work of one chunk: read, tokenize
     sp = spm.SentencePieceProcessor(model_file=str(sp_model))
     kept = ["alpha beta", "gamma", "delta epsilon"]
     ends = np.cumsum([len(json.dumps({"text": t}).encode()) + 1 for t in lines]).tolist()
-    assert out.n_docs == 3 and out.raw_records == len(lines) and out.skipped == len(lines) - 3
-    assert out.next_cursors.tolist() == [ends[0], ends[2], ends[6]]
-    assert [out.tokens[a:b].tolist() for a, b in zip(out.offsets[:-1], out.offsets[1:])] == \
+    assert out.n == 3 and out.raw_records == len(lines) and out.skipped == len(lines) - 3
+    assert out.resume_cursor.tolist() == [ends[0], ends[2], ends[6]]
+    tokens = out.token_fields["input_ids"]
+    assert [tokens[a:b].tolist() for a, b in zip(out.offsets[:-1], out.offsets[1:])] == \
         [sp.encode(t, out_type=int) for t in kept]
     assert out.end_cursor == len(raw)
 

@@ -82,9 +82,10 @@ def test_no_preload_when_the_forkserver_would_import_another_zephon(tmp_path):
     shutil.copytree(root / "zephon", tmp_path / "other" / "zephon", ignore=shutil.ignore_patterns("__pycache__"))
     probe = ("import multiprocessing.forkserver as fs, sys\n"
              "if len(sys.argv) > 1: sys.path.insert(0, sys.argv[1])\n"
-             "import zephon.runner as r\n"
+             "import zephon.engine.processes as r\n"
              "r.process_context()\n"
-             "print(r.__file__, r._server_finds_this_zephon(), 'zephon.runner' in fs._forkserver._preload_modules)\n")
+             "print(r.__file__, r._server_finds_this_zephon(),\n"
+             "      'zephon.engine.executors' in fs._forkserver._preload_modules)\n")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")]))}
     elsewhere = tmp_path / "cwd"
     elsewhere.mkdir()

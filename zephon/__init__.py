@@ -1,25 +1,31 @@
-"""Zephon: an elastic-deterministic data loader for LLM pre-training.
+"""Zephon: an elastic-deterministic data loader for LLM and multimodal pre-training.
 
 The same global batches, byte for byte, on any number of data-parallel ranks and loader workers,
-and after resuming on a different rank count; with tokenization, splitting, mixing and packing done
-online. See README.md and DESIGN.md for the contract.
+and after resuming on a different rank count; with decoding, tokenization, splitting, mixing and
+packing done online. Pipelines are written with :class:`Pipeline` (a TOML recipe is another spelling);
+see README.md and docs/design.md.
 """
 
+from . import read
 from .collate import HASHED_KEYS, batch_digest, collate, global_digest
+from .compile import ValidationReport
 from .loader import ZephonLoader, build_loader, lanes_of_rank
-from .nodes.items import IGNORE, Flush
-from .nodes.lane import LaneState
+from .ops.base import Accumulator, LaneContext, Merge, Transform
+from .ops.transforms import OperatorError
+from .pipeline import Pipeline, PipelineError, tokenizer
 from .plan import WorkPlan
 from .readers import SourceError
 from .recipe import PackSpec, Recipe, RecipeError, SourceSpec, TokenizerSpec, load_recipe, recipe_from_dict
-from .state import StateError, load_state, merge_states, save_state
-from .tokenizer import Tokenizer, load_tokenizer
+from .records import IGNORE, Doc, Flush
+from .state import LaneState, StateError, load_state, merge_states, save_state
+from .tokenization import Tokenizer, load_tokenizer
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 __all__ = [
-    "IGNORE", "HASHED_KEYS", "Flush", "LaneState", "PackSpec", "Recipe", "RecipeError", "SourceError",
-    "SourceSpec", "StateError", "Tokenizer", "TokenizerSpec", "WorkPlan", "ZephonLoader", "batch_digest",
-    "build_loader", "collate", "global_digest", "lanes_of_rank", "load_recipe", "load_state",
-    "load_tokenizer", "merge_states", "recipe_from_dict", "save_state",
+    "Accumulator", "Doc", "Flush", "HASHED_KEYS", "IGNORE", "LaneContext", "LaneState", "Merge", "OperatorError",
+    "PackSpec", "Pipeline", "PipelineError", "Recipe", "RecipeError", "SourceError", "SourceSpec", "StateError",
+    "Tokenizer", "TokenizerSpec", "Transform", "ValidationReport", "WorkPlan", "ZephonLoader", "batch_digest",
+    "build_loader", "collate", "global_digest", "lanes_of_rank", "load_recipe", "load_state", "load_tokenizer",
+    "merge_states", "read", "recipe_from_dict", "save_state", "tokenizer",
 ]

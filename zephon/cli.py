@@ -17,11 +17,13 @@ import json
 import os
 import sys
 import time
+from collections import deque
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterable, Sequence
 
 EXIT_OK, EXIT_MISMATCH, EXIT_USAGE = 0, 1, 2
 PROG = "zephon"
+RATE_WINDOW = 10  # steps behind the "last K steps" rate of `zephon run`'s step lines
 
 
 class CliError(Exception):
@@ -69,8 +71,8 @@ def _out(text: str = "") -> None:
     print(text, file=sys.stdout, flush=True)
 
 
-def _load_states(paths: Sequence[str]) -> dict[str, Any]:
-    """Read one or more loader-state files (e.g. every rank's) and merge them into one state."""
+def _load_states(paths: Sequence[str]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """Read one or more loader-state files (e.g. every rank's); returns them merged, and as read."""
     from .state import StateError, load_state, merge_states
 
     states = []
@@ -86,7 +88,89 @@ def _load_states(paths: Sequence[str]) -> dict[str, Any]:
         if not isinstance(state, dict) or "lanes" not in state:
             raise StateError(f"{path}: not a Zephon loader state; pass a file written by "
                              f"`zephon run --save-state` or zephon.save_state().")
-    return merge_states(states)
+    return merge_states(states), states
+
+
+def _lane_ranges(lanes: Iterable[int]) -> str:
+    """``[0, 1, 2, 5, 7, 8]`` -> ``"0..2, 5, 7..8"``."""
+    spans: list[list[int]] = []
+    for lane in sorted(lanes):
+        if spans and lane == spans[-1][1] + 1:
+            spans[-1][1] = lane
+        else:
+            spans.append([lane, lane])
+    return ", ".join(str(a) if a == b else f"{a}..{b}" for a, b in spans)
+
+
+def _check_resume_covers(paths: Sequence[str], states: Sequence[dict[str, Any]], rank: int, world_size: int,
+                         lanes: range) -> None:
+    """Every lane this rank owns must be in one of the ``--resume`` files, or a :class:`CliError` says to
+    pass every rank's file. A rank's file holds only its own lanes; the loader's own message for the missing
+    lanes gives the Python API's fix (``merge_states``), where the command line's is to repeat the flag."""
+    held: list[set[int]] = []
+    for state in states:
+        try:
+            held.append({int(lane) for lane in state["lanes"]})
+        except (TypeError, ValueError, AttributeError):
+            return  # malformed lane keys: the loader's validation names the problem
+    missing = [lane for lane in lanes if not any(lane in h for h in held)]
+    if not missing:
+        return
+    files = []
+    saved_by: set[int] = set()
+    for path, state, have in zip(paths, states, held):
+        r, w = state.get("rank"), state.get("world_size")
+        if isinstance(r, int) and isinstance(w, int):
+            files.append(f"{path} (rank {r} of {w}: lanes {_lane_ranges(have)})")
+            saved_by.add(w)
+        else:
+            files.append(f"{path} (lanes {_lane_ranges(have)})")
+    count = f"the state files of all {saved_by.pop()} ranks" if len(saved_by) == 1 else "every rank's state file"
+    raise CliError(f"rank {rank} of {world_size} owns lanes {_lane_ranges(lanes)}, but --resume gave "
+                   f"{'; '.join(files)}: lanes {_lane_ranges(missing)} are in none of them. A state file holds "
+                   f"the lanes of the rank that saved it only: pass {count} of that checkpoint, repeating the "
+                   f"flag (--resume RANK0.json --resume RANK1.json ...); they are merged, so any world size "
+                   f"that divides the lanes can resume.")
+
+
+class _Throughput:
+    """Tokens per second of the streamed batches: over the last ``window`` steps, and on average since
+    ``started`` (the loop's start, so the first batch's latency counts in the average)."""
+
+    def __init__(self, started: float, window: int = RATE_WINDOW) -> None:
+        self.started = started
+        self.tokens = 0
+        self.first_batch_at: tuple[float, int] | None = None  # (time, tokens) when the first step ended
+        self._marks: deque[tuple[float, int]] = deque([(started, 0)], maxlen=window + 1)
+
+    def add(self, now: float, tokens: int) -> None:
+        """One step of ``tokens`` tokens ended at ``now`` (a ``time.perf_counter()`` reading)."""
+        self.tokens += tokens
+        self._marks.append((now, self.tokens))
+        if self.first_batch_at is None:
+            self.first_batch_at = (now, self.tokens)
+
+    @property
+    def window_steps(self) -> int:
+        """How many steps :meth:`recent` spans (fewer than ``window`` at the start)."""
+        return len(self._marks) - 1
+
+    def recent(self) -> float:
+        """Tokens per second over the last :attr:`window_steps` steps."""
+        (t0, n0), (t1, n1) = self._marks[0], self._marks[-1]
+        return (n1 - n0) / max(t1 - t0, 1e-9)
+
+    def average(self) -> float:
+        """Tokens per second from ``started`` to the end of the last step."""
+        t1, n1 = self._marks[-1]
+        return n1 / max(t1 - self.started, 1e-9)
+
+    def after_first(self) -> float | None:
+        """Tokens per second from the end of the first step to the end of the last (None before step 2)."""
+        if self.first_batch_at is None or self._marks[-1][0] == self.first_batch_at[0]:
+            return None
+        (t0, n0), (t1, n1) = self.first_batch_at, self._marks[-1]
+        return (n1 - n0) / max(t1 - t0, 1e-9)
 
 
 def _check_world_size(lanes: int, world_size: int) -> None:
@@ -117,12 +201,12 @@ def cmd_demo(args: argparse.Namespace) -> int:
                        f"documents with a larger --max-files)") from None
     elapsed = time.perf_counter() - started
     _out(f"wrote the demo corpus and tokenizer to {out}/ in {elapsed:.1f}s:")
-    for sub, kind in (("web", "prose"), ("code", "code")):
+    for sub, kind, what in (("web", "prose", "documents"), ("code", "code", "documents"), ("chat", "chat", "conversations")):
         files = sorted((data / sub).glob("*"))
         size = sum(f.stat().st_size for f in files)
-        _out(f"  {data / sub}/  {len(files)} files, {size / 1e6:.1f} MB, {counts.get(kind, 0)} {kind} documents")
+        _out(f"  {data / sub}/  {len(files)} files, {size / 1e6:.1f} MB, {counts.get(kind, 0)} {kind} {what}")
     _out(f"  {model}  SentencePiece BPE, vocab {args.vocab_size}, {model.stat().st_size / 1e3:.0f} kB")
-    recipes = sorted(out.glob("*.toml"))
+    recipes = sorted(out.glob("*.toml"), key=lambda p: (p.name != "quickstart.toml", p.name))
     hint = recipes[0] if recipes else f"<a recipe in {out}/, e.g. a copy of recipes/quickstart.toml>"
     _out(f"next: zephon run {hint} --steps 20")
     return EXIT_OK
@@ -139,42 +223,56 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     recipe = load_recipe(args.recipe)
     _check_world_size(recipe.lanes, args.world_size)
-    state = _load_states(args.resume) if args.resume else None
+    state, files = _load_states(args.resume) if args.resume else (None, [])
     with build_loader(recipe, rank=args.rank, world_size=args.world_size, num_workers=args.num_workers,
                       runner=args.runner) as loader:
-        if state is not None:
-            loader.load_state_dict(state)
         lanes = loader.lanes
+        if state is not None:
+            fp = getattr(loader, "fingerprint", None)
+            if fp is None or state.get("fingerprint") == fp:  # another run's state: the loader names the fields
+                _check_resume_covers(args.resume, files, args.rank, args.world_size, lanes)
+            loader.load_state_dict(state)
         rows = len(lanes) * recipe.batch_per_lane
         _out(f"recipe {args.recipe}: rank {args.rank} of {args.world_size} owns lanes "
              f"{lanes.start}..{lanes.stop - 1} ({rows} x {recipe.seq_len} tokens per batch); "
              + (f"{args.num_workers} {args.runner} workers" if args.num_workers else "inline (no workers)")
              + (f"; resumed at step {loader.step} from {', '.join(args.resume)}" if state is not None else ""))
+        if args.hash_every and args.steps:
+            _out(f"tok/s: tokens of this rank's batches (padding included) per second, over the last "
+                 f"{RATE_WINDOW} steps (fewer at the start) and on average since the first batch was asked for")
         bar = tqdm(total=args.steps * rows * recipe.seq_len, unit="tok", unit_scale=True, file=sys.stderr,
                    disable=True if args.quiet else None, desc="zephon run", dynamic_ncols=True, leave=False)
-        tokens = real = 0
-        started = time.perf_counter()
+        real = 0
+        rate = _Throughput(time.perf_counter())
         try:
             for i in range(args.steps):
                 batch = next(loader)
                 n = batch["input_ids"].numel()
-                tokens += n
+                rate.add(time.perf_counter(), n)
                 real += int((batch["segment_ids"] != 0).sum())
                 bar.update(n)
                 if args.hash_every and ((i + 1) % args.hash_every == 0 or i + 1 == args.steps):
-                    rate = tokens / max(time.perf_counter() - started, 1e-9)
+                    k = rate.window_steps
                     line = (f"step {loader.step:6d}  sha256 {batch_digest(batch)}  "
-                            f"tok/s {_human(rate):>7}  non-pad {real / tokens:.4f}")
+                            f"tok/s last {k:>2} step{'s' if k > 1 else ' '} {_human(rate.recent()):>7}  "
+                            f"avg {_human(rate.average()):>7}  non-pad {real / rate.tokens:.4f}")
                     if bar.disable:
                         _out(line)
                     else:
                         bar.write(line, file=sys.stdout)
         finally:
             bar.close()
-        elapsed = time.perf_counter() - started
+        elapsed = time.perf_counter() - rate.started
         m = loader.metrics()
-        _out(f"summary: {args.steps} steps, {tokens} tokens in {elapsed:.2f}s "
-             f"({_human(tokens / max(elapsed, 1e-9))} tok/s here, {_human(m['tokens_per_s'])} tok/s loader)")
+        _out(f"summary: {args.steps} steps, {rate.tokens} tokens (padding included) in {elapsed:.2f}s")
+        if rate.first_batch_at is not None:
+            first_s = rate.first_batch_at[0] - rate.started
+            steady = rate.after_first()
+            k = rate.window_steps
+            _out(f"  first batch after {first_s:.2f}s;  tok/s: {_human(rate.average())} average over all "
+                 f"{args.steps} steps (first batch included)"
+                 + (f", {_human(steady)} average after the first batch ({args.steps - 1} steps), "
+                    f"{_human(rate.recent())} over the last {k} steps" if steady is not None else ""))
         _out(f"  pad_fraction {m['pad_fraction']:.4%}  flush_pad_fraction {m['flush_pad_fraction']:.4%}  "
              f"flushes {m['flushes']}  docs {m['docs']}  pieces_split {m['pieces_split']}  "
              f"skipped_records {m['skipped_records']}")
@@ -242,8 +340,11 @@ def inspect_plan(recipe_path: str, lanes_shown: int = 4, units_shown: int = 3) -
     from .recipe import load_recipe
 
     recipe = load_recipe(recipe_path)
-    plan = WorkPlan(recipe)
-    total_weight = sum(s.weight for s in recipe.sources)
+    pipe = recipe.to_pipeline()
+    program = pipe.compile()
+    plan: WorkPlan = program.plan
+    weights = {s.name: s.weight for s in pipe.sources}
+    total_weight = sum(weights.values())
     info: dict[str, Any] = {
         "recipe": str(recipe_path), "seed": recipe.seed, "lanes": recipe.lanes, "seq_len": recipe.seq_len,
         "batch_per_lane": recipe.batch_per_lane, "global_batch_size": recipe.global_batch_size,
@@ -252,13 +353,15 @@ def inspect_plan(recipe_path: str, lanes_shown: int = 4, units_shown: int = 3) -
         "pack": {"algorithm": recipe.pack.algorithm, "max_open_bins": recipe.pack.max_open_bins},
         "mix_by": recipe.mix_by, "shuffle_buffer": recipe.shuffle_buffer, "split_len": recipe.split_len,
         "sources": [], "lanes_shown": [],
+        "operators": [{"operator": name, "runs": where, "sources": srcs} for name, where, srcs in program.placement],
+        "fingerprint": program.fingerprint,
     }
     for sp in plan.sources:
         info["sources"].append({
             "name": sp.spec.name, "format": sp.spec.format, "paths": list(sp.spec.path),
             "text_field": sp.spec.text_field, "files": len(sp.files), "units": len(sp.units),
-            "units_per_lane": len(sp.units) / recipe.lanes, "weight": sp.spec.weight,
-            "share": sp.spec.weight / total_weight,
+            "units_per_lane": len(sp.units) / recipe.lanes, "weight": weights[sp.spec.name],
+            "share": weights[sp.spec.name] / total_weight,
         })
     for lane in range(min(lanes_shown, recipe.lanes)):
         per_source = {}
@@ -300,6 +403,11 @@ def cmd_inspect(args: argparse.Namespace) -> int:
             shown = ", ".join(f"{u['file']}[{u['start']}:{'' if u['end'] is None else u['end']}) {u['unit']}"
                               for u in units)
             _out(f"    {name}: {shown}")
+    _out("operators (in order; where each runs):")
+    width = max(len(o["operator"]) for o in info["operators"])
+    for o in info["operators"]:
+        _out(f"  {o['operator']:<{width}}  {o['runs']}" + (f"  [{o['sources']}]" if o["sources"] not in ("-", "") else ""))
+    _out(f"fingerprint {info['fingerprint']}")
     return EXIT_OK
 
 
@@ -335,8 +443,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("run", help="stream a recipe's batches for one rank, with hashes and throughput",
                        description="Build the loader of rank R of W for RECIPE and stream N batches, printing "
                                    "each batch's SHA-256 (comparable with `zephon verify` and "
-                                   "zephon.batch_digest), the running throughput and the non-padding fraction; "
-                                   "then a summary of the loader's metrics.")
+                                   f"zephon.batch_digest), the throughput (over the last {RATE_WINDOW} steps and "
+                                   "on average since the start) and the non-padding fraction; then a summary of "
+                                   "the throughput and of the loader's metrics.")
     p.add_argument("recipe", metavar="RECIPE", help="recipe TOML file")
     p.add_argument("--world-size", type=_positive, default=1, metavar="W",
                    help="data-parallel world size; must divide the recipe's lanes (default: 1)")

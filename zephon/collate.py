@@ -16,17 +16,24 @@ from typing import Mapping, Sequence
 import numpy as np
 import torch
 
-from .nodes.items import IGNORE, Row
+from .records import IGNORE, INPUT_IDS, LOSS_MASK, Row
 
 HASHED_KEYS = ("input_ids", "labels", "position_ids", "segment_ids", "loss_mask")
+UNHASHED_KEYS = ("cu_seqlens",)  # rank-relative, derived from segment_ids
 
 
-def collate(rows: Sequence[Row], seq_len: int, pad_id: int) -> dict[str, torch.Tensor]:
+def collate(rows: Sequence[Row], seq_len: int, pad_id: int,
+            pad_values: Mapping[str, object] | None = None) -> dict[str, object]:
     """Build the batch dict for ``rows`` (in lane order), vectorised over the whole batch.
 
     A row's tokens sit at its start (``tokens[:fill]``), so every key is built from the stacked row
     buffers, one-slice shifts, running sums over the flattened ``[B*S]`` batch and one padding mask,
     with no per-token scatter and no per-row Python loop (fetch-and-batch has 256 short rows a batch).
+
+    Every other per-token field of the rows (``pad_values``: name -> value in padding) becomes a ``[B, S]``
+    tensor of its own; a ``loss_mask`` field (1 where the label at that position counts, e.g. assistant
+    turns) also sets ``labels`` to -100 where it is 0. Per-document payloads become, per field, a list
+    (rows) of lists (the row's documents, in order).
     """
     B, S = len(rows), seq_len
     fills = np.fromiter((r.fill for r in rows), dtype=np.int64, count=B)
@@ -70,32 +77,85 @@ def collate(rows: Sequence[Row], seq_len: int, pad_id: int) -> dict[str, torch.T
     pads = padded * S + fills[padded]
     bounds = np.union1d(np.union1d(seg_start, pads), np.arange(B, dtype=np.int64) * S)
     cu_seqlens = np.append(bounds, B * S).astype(np.int32)
-    return {
+    extra: dict[str, object] = {}
+    names = [k for k in (getattr(rows[0], "buffers", {}) if B else {}) if k != INPUT_IDS]
+    for name in names:
+        values = np.stack([r.buffers[name] for r in rows])
+        if len(padded):
+            values[np.arange(S) >= fills[:, None]] = (pad_values or {}).get(name, 0)
+        if name == LOSS_MASK:
+            labels[values == 0] = IGNORE
+        else:
+            extra[name] = torch.from_numpy(values)
+    batch: dict[str, object] = {
         "input_ids": torch.from_numpy(input_ids),
         "labels": torch.from_numpy(labels),
         "position_ids": torch.from_numpy(position_ids),
         "segment_ids": torch.from_numpy(segment_ids),
         "loss_mask": torch.from_numpy((labels != IGNORE).astype(np.float32)),
         "cu_seqlens": torch.from_numpy(cu_seqlens),
+        **extra,
     }
+    if any(getattr(r, "payloads", None) for r in rows):
+        keys = list(dict.fromkeys(k for r in rows for p in (r.payloads or ()) for k in p))
+        for key in keys:
+            batch[key] = [[p.get(key) for p in (r.payloads or [{}] * len(r.seg_lens))] for r in rows]
+    return batch
 
 
-def batch_digest(batch: Mapping[str, torch.Tensor]) -> str:
-    """SHA-256 of one batch (the fixed-shape keys, in a fixed order)."""
+def batch_digest(batch: Mapping[str, object]) -> str:
+    """SHA-256 of one batch (every key but ``cu_seqlens``, in a fixed order)."""
     return global_digest([batch])
 
 
-def global_digest(rank_batches: Sequence[Mapping[str, torch.Tensor]]) -> str:
+def global_digest(rank_batches: Sequence[Mapping[str, object]]) -> str:
     """SHA-256 of the global batch: each key's rank batches concatenated in rank order.
 
     Equal to hashing the batch that one rank owning every lane would produce, so digests compare
-    across world sizes. ``cu_seqlens`` is rank-relative and derived from ``segment_ids``: not hashed.
+    across world sizes. The five text keys come first, then every other tensor key (extra per-token
+    fields, pixels...) and every payload list, by name. ``cu_seqlens`` is rank-relative and derived from
+    ``segment_ids``: not hashed.
     """
     h = hashlib.sha256()
-    for key in HASHED_KEYS:
+    first = rank_batches[0]
+    others = sorted(k for k in first if k not in HASHED_KEYS and k not in UNHASHED_KEYS)
+    for key in [*HASHED_KEYS, *others]:
         parts = [b[key] for b in rank_batches]
-        rows = sum(int(p.shape[0]) for p in parts)
-        h.update(f"{key}:{parts[0].dtype}:{rows}x{tuple(parts[0].shape[1:])};".encode())
-        for p in parts:
-            h.update(p.contiguous().numpy().tobytes())
+        if isinstance(parts[0], torch.Tensor):
+            rows = sum(int(p.shape[0]) for p in parts)
+            h.update(f"{key}:{parts[0].dtype}:{rows}x{tuple(parts[0].shape[1:])};".encode())
+            for p in parts:
+                h.update(p.contiguous().numpy().tobytes())
+        else:
+            h.update(f"{key}:list;".encode())
+            for p in parts:
+                for row in p:
+                    _hash_value(h, row)
     return h.hexdigest()
+
+
+def _hash_value(h: "hashlib._Hash", value: object) -> None:
+    """Feed a payload value into a hash canonically (type-tagged; arrays by dtype, shape and bytes)."""
+    if isinstance(value, (list, tuple)):
+        h.update(b"[%d" % len(value))
+        for v in value:
+            _hash_value(h, v)
+        h.update(b"]")
+    elif isinstance(value, dict):
+        h.update(b"{%d" % len(value))
+        for k in sorted(value):
+            _hash_value(h, str(k))
+            _hash_value(h, value[k])
+        h.update(b"}")
+    elif isinstance(value, np.ndarray):
+        h.update(f"a{value.dtype.str}{value.shape}".encode())
+        h.update(np.ascontiguousarray(value).tobytes())
+    elif isinstance(value, torch.Tensor):
+        _hash_value(h, value.numpy())
+    elif isinstance(value, (bytes, bytearray, memoryview)):
+        h.update(b"b%d:" % len(value))
+        h.update(bytes(value))
+    else:
+        text = repr(value).encode()
+        h.update(b"s%d:" % len(text))
+        h.update(text)

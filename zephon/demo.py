@@ -2,7 +2,9 @@
 
 No network: documents are the docstrings of the standard library's modules (prose, Parquet) and its
 functions' source (code, JSON Lines), read with ``ast`` from the interpreter's own files, never
-imported. A SentencePiece tokenizer is trained on them. Used by the quickstart recipe and the tests.
+imported; conversations for chat fine-tuning are made from the docstrings too (JSON Lines with a
+``messages`` field). A SentencePiece tokenizer is trained on the documents. Used by the quickstart
+recipes and the tests.
 """
 
 from __future__ import annotations
@@ -69,6 +71,32 @@ def write_corpus(out_dir: str | Path, max_files: int | None = None, prose_files:
     return {"prose": len(prose), "code": len(code)}
 
 
+def write_chat(out_dir: str | Path, documents: list[tuple[str, str, str]], files: int = 4) -> int:
+    """``out_dir/part-*.jsonl``: conversations made from the docstrings of functions and classes (a user
+    asks what ``name`` does, the assistant answers with its docstring; every third one goes on with a
+    follow-up question answered by the docstring's last paragraph). Returns the number of conversations."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    conversations = []
+    for kind, name, text in documents:
+        if kind != "prose" or ":" not in name:
+            continue
+        qualname = name.rsplit(":", 1)[1]
+        module = Path(name.rsplit(":", 1)[0]).stem
+        paragraphs = [p.strip() for p in text.split("\n\n") if p.strip()]
+        messages = [{"role": "user", "content": f"What does `{module}.{qualname}` do?"},
+                    {"role": "assistant", "content": paragraphs[0]}]
+        if len(conversations) % 3 == 2 and len(paragraphs) > 1:
+            messages += [{"role": "user", "content": "Anything else to know?"},
+                         {"role": "assistant", "content": paragraphs[-1]}]
+        conversations.append(messages)
+    for i in range(files):
+        with open(out / f"part-{i:04d}.jsonl", "w", encoding="utf-8") as f:
+            for j, messages in enumerate(conversations[i::files]):
+                f.write(json.dumps({"id": j, "messages": messages}) + "\n")
+    return len(conversations)
+
+
 def train_sentencepiece(out_model: str | Path, texts: list[str], vocab_size: int = 4000) -> Path:
     """Train a BPE SentencePiece model on ``texts`` (single-threaded, no shuffling: reproducible)."""
     import io
@@ -92,6 +120,7 @@ def make_demo(out_dir: str | Path, max_files: int | None = None, vocab_size: int
     out = Path(out_dir)
     documents = list(stdlib_documents(max_files))
     counts = write_corpus(out / "data", documents=documents)
+    counts["chat"] = write_chat(out / "data" / "chat", documents)
     sample = [t for i, (_, _, t) in enumerate(documents) if i % 3 == 0]
     train_sentencepiece(out / "tok.model", sample, vocab_size)
     return counts

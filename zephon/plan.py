@@ -19,14 +19,15 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Iterator, Sequence
+from typing import Any, Iterator
 
 import fsspec
 
 from ._perm import mix64, permute_index, stable_key
+from .read import ReadSpec
 from .readers import INDEXED_READERS, Reader, SourceError, Unit, make_reader
 from .readers.base import RawChunk, is_blank, path_not_found
-from .recipe import Recipe, SourceSpec, StorageSpec
+from .recipe import StorageSpec
 from .storage import url_to_fs
 
 _ROUTE, _ORDER = 1, 2
@@ -45,7 +46,7 @@ _EXTENSIONS = {
 
 @dataclass(frozen=True)
 class ChunkTask:
-    """One stateless read+tokenize task: rows/bytes [start, end) of one file of one source."""
+    """One stateless read task: rows/bytes [start, end) of one file of one source."""
 
     source: int
     path: str
@@ -54,9 +55,51 @@ class ChunkTask:
     unit_seq: int  # index of the unit in the lane's sequence for this source
     unit_end: bool  # last chunk of its unit
     empty: bool = False  # a unit with nothing in it (e.g. an empty file)
+    skip: int = 0  # records the stateless operators make from ``start`` that a resumed lane already took
 
 
-def list_files(source: SourceSpec, origin: str = "the recipe",
+@dataclass(frozen=True)
+class PlannedSource:
+    """A named source as the plan and the readers see it: its name and how to read it."""
+
+    name: str
+    read: ReadSpec
+
+    @property
+    def format(self) -> str:
+        return self.read.format
+
+    @property
+    def path(self) -> tuple[str, ...]:
+        return self.read.path
+
+    @property
+    def text_field(self) -> str:
+        return self.read.text_field
+
+    @property
+    def tokens_field(self) -> str | None:
+        return self.read.tokens_field
+
+    @property
+    def storage_options(self) -> dict | None:
+        return self.read.storage_options
+
+
+@dataclass(frozen=True)
+class ReaderFactory:
+    """Builds a source's reader in the process that needs it (a worker), without listing the files:
+    picklable, unlike the reader and its caches."""
+
+    source: PlannedSource
+    storage: StorageSpec | None
+
+    def __call__(self) -> Reader:
+        fs, _ = url_to_fs(self.source.path[0], self.source, self.storage)
+        return make_reader(self.source.name, self.source.read, fs)
+
+
+def list_files(source: PlannedSource, origin: str = "the pipeline",
                storage: StorageSpec | None = None) -> tuple[fsspec.AbstractFileSystem, list[str]]:
     """Expand a source's paths (files, directories, globs) into a sorted, de-duplicated file list.
 
@@ -89,18 +132,24 @@ def list_files(source: SourceSpec, origin: str = "the recipe",
 class SourcePlan:
     """A source's files and units, and the closed-form routing of its units to lanes."""
 
-    def __init__(self, recipe: Recipe, index: int, spec: SourceSpec) -> None:
+    def __init__(self, index: int, spec: PlannedSource, lanes: int, seed: int, storage: StorageSpec | None = None,
+                 origin: str = "the pipeline") -> None:
         self.index = index
         self.spec = spec
+        self.storage = storage
         self.key = stable_key(spec.name)
-        self.fs, self.files = list_files(spec, recipe.origin, recipe.storage)
-        self.reader: Reader = make_reader(recipe, spec, self.fs)
-        self.units: list[Unit] = self.reader.split_units(self.files, recipe.lanes)
+        self.fs, self.files = list_files(spec, origin, storage)
+        self.reader: Reader = make_reader(spec.name, spec.read, self.fs)
+        self.units: list[Unit] = self.reader.split_units(self.files, lanes)
         if not self.units:
             raise SourceError(f"source '{spec.name}' has no data in {len(self.files)} files.")
-        self.seed = recipe.seed
-        self.lanes = recipe.lanes
-        self.origin = recipe.origin
+        self.seed = seed
+        self.lanes = lanes
+        self.origin = origin
+
+    def make_reader(self) -> Reader:
+        """A new reader of this source (for another process: see :class:`ReaderFactory`)."""
+        return ReaderFactory(self.spec, self.storage)()
 
     def check_has_text(self) -> None:
         """Refuse a source without text now, rather than let every lane give up on it after some steps.
@@ -120,7 +169,7 @@ class SourcePlan:
                     raw = self.reader.read(path, start, end)
                     if _has_text(raw):
                         return
-                    records += len(raw.tokens) if raw.tokens is not None else len(raw.texts)
+                    records += len(raw.next_cursors)
                     if records >= PROBE_RECORDS:
                         break
             except Exception:  # noqa: BLE001 - not this check's to report (see the docstring)
@@ -164,31 +213,43 @@ class SourcePlan:
         """The ``i``-th unit (0-based) that ``lane`` reads from this source."""
         return self.unit_at(self.stream_position(lane, i))
 
-    def chunk_tasks(self, lane: int, unit_seq: int, cursor: int) -> Iterator[ChunkTask]:
-        """Endless chunk tasks of ``lane`` from unit ``unit_seq``, starting at ``cursor`` (-1: unit start)."""
+    def chunk_tasks(self, lane: int, unit_seq: int, cursor: int, skip: int = 0) -> Iterator[ChunkTask]:
+        """Endless chunk tasks of ``lane`` from unit ``unit_seq``, starting at ``cursor`` (-1: unit start),
+        the first ``skip`` records made from there already taken."""
         i = unit_seq
         while True:
             unit = self.lane_unit(lane, i)
             path = self.files[unit.file]
             bounds = self.reader.chunk_bounds(path, unit, cursor)
             if not bounds:
-                yield ChunkTask(self.index, path, 0, 0, i, True, empty=True)
+                yield ChunkTask(self.index, path, 0, 0, i, True, empty=True, skip=skip)
             for k, (a, b) in enumerate(bounds):
-                yield ChunkTask(self.index, path, a, b, i, k == len(bounds) - 1)
+                yield ChunkTask(self.index, path, a, b, i, k == len(bounds) - 1, skip=skip if k == 0 else 0)
             i += 1
-            cursor = -1
+            cursor, skip = -1, 0
 
 
 class WorkPlan:
-    """All sources of a recipe, planned once per process and shared by the lanes it hosts."""
+    """All sources of a pipeline, planned once per process and shared by the lanes it hosts.
 
-    def __init__(self, recipe: Recipe) -> None:
-        self.recipe = recipe
-        self.sources: list[SourcePlan] = [SourcePlan(recipe, i, s) for i, s in enumerate(recipe.sources)]
+    ``WorkPlan(pipeline_or_recipe)``; the files are listed and the units cut here, once."""
+
+    def __init__(self, pipeline: Any) -> None:
+        from .loader import as_pipeline
+
+        pipe = as_pipeline(pipeline)
+        self.lanes, self.seed = pipe.lanes, pipe.seed
+        self.sources: list[SourcePlan] = [
+            SourcePlan(i, PlannedSource(d.name, d.read), pipe.lanes, pipe.seed, pipe.storage, pipe.origin)
+            for i, d in enumerate(pipe.sources)]
         self._checked = False  # check_sources_have_text done
 
+    @classmethod
+    def from_pipeline(cls, pipeline: Any) -> "WorkPlan":
+        return cls(pipeline)
+
     def units_per_lane(self) -> list[float]:
-        return [len(s.units) / self.recipe.lanes for s in self.sources]
+        return [len(s.units) / self.lanes for s in self.sources]
 
     def check_sources_have_text(self) -> None:
         """:meth:`SourcePlan.check_has_text` for every source, once per plan (loaders may share one)."""
@@ -199,7 +260,11 @@ class WorkPlan:
 
 
 def _has_text(raw: RawChunk) -> bool:
-    """Whether a chunk holds a record that would make a document (text, or token ids, not blank)."""
+    """Whether a chunk holds a record that would make a document (text, or token ids, not blank; with
+    several columns: a record with a value that is not null or blank)."""
+    if raw.columns:
+        return any(not (v is None or (isinstance(v, str) and is_blank(v)))
+                   for col in raw.columns.values() for v in (col if isinstance(col, list) else [1]))
     if raw.tokens is None:
         return not all(is_blank(t) for t in raw.texts)
     rows = raw.tokens
@@ -207,5 +272,3 @@ def _has_text(raw: RawChunk) -> bool:
     return bool(((lengths > 0) & rows.valid).any() if rows.valid is not None else (lengths > 0).any())
 
 
-def source_names(recipe: Recipe) -> Sequence[str]:
-    return [s.name for s in recipe.sources]

@@ -79,6 +79,11 @@ class SourceSpec:
     # key, secret, anon, account_name, connection_string... Not in the fingerprint (where the bytes come
     # from only changes speed), not in repr (credentials), not hashed (a dict). See zephon/storage.py.
     storage_options: dict[str, Any] | None = field(default=None, repr=False, hash=False)
+    # The columns to read, when more than the one text (or token-id) column: a [[steps]] recipe's
+    # operators see them as record fields (e.g. ["text", "url"] or ["messages"]).
+    columns: tuple[str, ...] | None = None
+    # This source's own [read] options (chunk_rows, chunk_bytes, unit_bytes...), over the recipe's [read].
+    read: dict[str, Any] | None = field(default=None, hash=False)
 
 
 @dataclass(frozen=True)
@@ -115,6 +120,9 @@ class Recipe:
     oversize: str = "skip"  # "skip" (and count), "truncate" (at a UTF-8 boundary) or "error"
     storage: StorageSpec = field(default_factory=StorageSpec)  # object-store retries and cache (not fingerprinted)
     origin: str = "<dict>"  # the file it came from, for messages
+    # A [[steps]] recipe: its operator tables, in order (zephon/recipe_steps.py); seq_len, batch_per_lane and
+    # tokenizer above are then read from its pack, batch and first tokenize steps. Empty: the classic chain.
+    steps: tuple = field(default=(), repr=False)
 
     @property
     def global_batch_size(self) -> int:
@@ -123,6 +131,13 @@ class Recipe:
     @property
     def split_len(self) -> int:
         return self.max_doc_tokens or self.seq_len
+
+    def to_pipeline(self, text_map: Any = None, text_filter: Any = None) -> Any:
+        """This recipe as the :class:`~zephon.pipeline.Pipeline` it spells (``text_map``/``text_filter``: the
+        legacy per-document text hooks, as operators before ``tokenize``)."""
+        from .recipe_steps import recipe_to_pipeline
+
+        return recipe_to_pipeline(self, text_map, text_filter)
 
     def replace(self, **changes: Any) -> "Recipe":
         """A copy with some fields changed (validated again)."""
@@ -133,6 +148,7 @@ _TOP_KEYS = {
     "seed", "lanes", "seq_len", "batch_per_lane", "flush_every", "tokenizer", "pack", "sources",
     "mix", "shuffle", "split", "read", "storage",
 }
+_STEPS_TOP_KEYS = {"seed", "lanes", "flush_every", "sources", "read", "storage", "steps"}  # a [[steps]] recipe
 _TOKENIZER_KEYS = {f.name for f in dataclasses.fields(TokenizerSpec)}
 _PACK_KEYS = {f.name for f in dataclasses.fields(PackSpec)}
 _SOURCE_KEYS = {f.name for f in dataclasses.fields(SourceSpec)}
@@ -190,6 +206,9 @@ def recipe_from_dict(data: Mapping[str, Any], base_dir: str | os.PathLike | None
     base = Path(base_dir) if base_dir is not None else None
     if not isinstance(data, Mapping):
         raise RecipeError(f"{origin}: a recipe is a table of keys, got {type(data).__name__}.")
+    if "steps" in data:
+        _check_keys(data, _STEPS_TOP_KEYS, "the top level of a [[steps]] recipe (the operators are steps)", origin)
+        return _steps_recipe(data, base, origin)
     _check_keys(data, _TOP_KEYS, "the top level", origin)
 
     tok_table = _require(data, "tokenizer", "the top level", origin)
@@ -208,6 +227,76 @@ def recipe_from_dict(data: Mapping[str, Any], base_dir: str | os.PathLike | None
     _check_keys(pack_table, _PACK_KEYS, "[pack]", origin)
     pack = PackSpec(**pack_table)
 
+    sources = _sources(data, base, origin)
+    tables = {"mix": _MIX_KEYS, "shuffle": _SHUFFLE_KEYS, "split": _SPLIT_KEYS, "read": _READ_KEYS,
+              "storage": _STORAGE_KEYS}
+    for name, keys in tables.items():
+        _check_keys(_table(data, name, origin), keys, f"[{name}]", origin)
+    read = data.get("read", {})
+    defaults = Recipe.__dataclass_fields__
+    recipe = Recipe(
+        seed=_require(data, "seed", "the top level", origin),
+        lanes=_require(data, "lanes", "the top level", origin),
+        seq_len=_require(data, "seq_len", "the top level", origin),
+        batch_per_lane=data.get("batch_per_lane", 1),
+        flush_every=data.get("flush_every", 8),
+        tokenizer=tok,
+        pack=pack,
+        sources=tuple(sources),
+        mix_by=data.get("mix", {}).get("by", "tokens"),
+        shuffle_buffer=data.get("shuffle", {}).get("buffer", 0),
+        max_doc_tokens=data.get("split", {}).get("max_doc_tokens"),
+        **{key: read.get(key, defaults[key].default) for key in sorted(_READ_KEYS)},
+        storage=_storage(data.get("storage", {}), base, origin),
+        origin=origin,
+    )
+    return _validate(recipe)
+
+
+def _steps_recipe(data: Mapping[str, Any], base: Path | None, origin: str) -> Recipe:
+    """A ``[[steps]]`` recipe: sources and operator tables; the pipeline is compiled to check it now."""
+    steps = data["steps"]
+    if not isinstance(steps, list) or not steps or not all(isinstance(t, Mapping) for t in steps):
+        raise RecipeError(f"{origin}: 'steps' must be a non-empty list of [[steps]] tables (op = ..., its options).")
+    for name, keys in {"read": _READ_KEYS, "storage": _STORAGE_KEYS}.items():
+        _check_keys(_table(data, name, origin), keys, f"[{name}]", origin)
+    read = data.get("read", {})
+    defaults = Recipe.__dataclass_fields__
+    placeholder = TokenizerSpec("sentencepiece", "<from the steps>")
+    draft = Recipe(seed=_require(data, "seed", "the top level", origin),
+                   lanes=_require(data, "lanes", "the top level", origin), seq_len=2, batch_per_lane=1,
+                   flush_every=data.get("flush_every", 8), tokenizer=placeholder,
+                   sources=tuple(_sources(data, base, origin)),
+                   **{key: read.get(key, defaults[key].default) for key in sorted(_READ_KEYS)},
+                   storage=_storage(data.get("storage", {}), base, origin), origin=origin,
+                   steps=tuple(_resolve_step_paths(t, base) for t in steps))
+    _validate(draft)
+    pipe = draft.to_pipeline()  # every step checked here; errors name the step
+    try:
+        seq_len, rows = pipe.seq_len, pipe.batch_per_lane
+    except ValueError as exc:
+        raise RecipeError(f"{origin}: {exc}") from None
+    tok = pipe.tokenizer
+    if tok is None:
+        raise RecipeError(f"{origin}: a [[steps]] recipe needs a tokenize (or tokenize_chat) step.")
+    return dataclasses.replace(draft, seq_len=seq_len, batch_per_lane=rows, tokenizer=tok)
+
+
+def _resolve_step_paths(table: Mapping[str, Any], base: Path | None) -> dict[str, Any]:
+    """A step's file paths (its tokenizer, a chat template file) resolved against the recipe's folder."""
+    t = dict(table)
+    tok = t.get("tokenizer")
+    if isinstance(tok, str):
+        t["tokenizer"] = _resolve(tok, base)
+    elif isinstance(tok, Mapping) and isinstance(tok.get("path"), str):
+        t["tokenizer"] = {**tok, "path": _resolve(tok["path"], base)}
+    template = t.get("template")
+    if isinstance(template, str) and "{" not in template:
+        t["template"] = _resolve(template, base)
+    return t
+
+
+def _sources(data: Mapping[str, Any], base: Path | None, origin: str) -> list[SourceSpec]:
     raw_sources = _require(data, "sources", "the top level", origin)
     if not isinstance(raw_sources, list) or not raw_sources:
         raise RecipeError(f"{origin}: 'sources' must be a non-empty list of [[sources]] tables.")
@@ -232,31 +321,31 @@ def recipe_from_dict(data: Mapping[str, Any], base_dir: str | os.PathLike | None
             weight=float(weight) if _is_number(weight) else weight,
             tokens_field=_tokens_field(src, where, origin),
             storage_options=dict(options) if options is not None else None,
+            columns=_columns(src, where, origin),
+            read=_source_read(src, where, origin),
         ))
+    return sources
 
-    tables = {"mix": _MIX_KEYS, "shuffle": _SHUFFLE_KEYS, "split": _SPLIT_KEYS, "read": _READ_KEYS,
-              "storage": _STORAGE_KEYS}
-    for name, keys in tables.items():
-        _check_keys(_table(data, name, origin), keys, f"[{name}]", origin)
-    read = data.get("read", {})
-    defaults = Recipe.__dataclass_fields__
-    recipe = Recipe(
-        seed=_require(data, "seed", "the top level", origin),
-        lanes=_require(data, "lanes", "the top level", origin),
-        seq_len=_require(data, "seq_len", "the top level", origin),
-        batch_per_lane=data.get("batch_per_lane", 1),
-        flush_every=data.get("flush_every", 8),
-        tokenizer=tok,
-        pack=pack,
-        sources=tuple(sources),
-        mix_by=data.get("mix", {}).get("by", "tokens"),
-        shuffle_buffer=data.get("shuffle", {}).get("buffer", 0),
-        max_doc_tokens=data.get("split", {}).get("max_doc_tokens"),
-        **{key: read.get(key, defaults[key].default) for key in sorted(_READ_KEYS)},
-        storage=_storage(data.get("storage", {}), base, origin),
-        origin=origin,
-    )
-    return _validate(recipe)
+
+def _source_read(src: Mapping[str, Any], where: str, origin: str) -> dict[str, Any] | None:
+    table = src.get("read")
+    if table is None:
+        return None
+    if not isinstance(table, Mapping):
+        raise RecipeError(f"{origin}: {where}: 'read' must be a table of [read] options for this source, got "
+                          f"{table!r}{_type_note(table)}.")
+    _check_keys(table, _READ_KEYS, f"{where} read", origin)
+    return dict(table)
+
+
+def _columns(src: Mapping[str, Any], where: str, origin: str) -> tuple[str, ...] | None:
+    value = src.get("columns")
+    if value is None:
+        return None
+    if not isinstance(value, list) or not value or not all(isinstance(c, str) and c for c in value):
+        raise RecipeError(f"{origin}: {where}: 'columns' must be a non-empty list of column names, got {value!r}"
+                          f"{_type_note(value)}.")
+    return tuple(value)
 
 
 def _storage(table: Mapping[str, Any], base: Path | None, origin: str) -> StorageSpec:

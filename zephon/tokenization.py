@@ -126,6 +126,7 @@ class Tokenizer:
         self.eos_id = _named(sp, self.spec.eos_token, sp.eos_id(), "eos_token")
         self.bos_id = _named(sp, self.spec.bos_token, sp.bos_id(), "bos_token")
         self._encode = lambda texts: sp.encode(list(texts), out_type=int, num_threads=1)
+        self._backend = sp
 
     def _load_huggingface(self, path: Path) -> None:
         from tokenizers import Tokenizer as HFTokenizer
@@ -135,6 +136,7 @@ class Tokenizer:
         self.eos_id = _first_id(tok.token_to_id, self.spec.eos_token, _EOS_NAMES, "eos_token")
         self.bos_id = _first_id(tok.token_to_id, self.spec.bos_token, _BOS_NAMES, "bos_token")
         self._encode = lambda texts: [e.ids for e in tok.encode_batch_fast(list(texts), add_special_tokens=False)]
+        self._backend = tok
 
     def _load_tiktoken(self, path: Path) -> None:
         import tiktoken
@@ -151,6 +153,45 @@ class Tokenizer:
         self.eos_id = special[eos_name]
         self.bos_id = special.get(self.spec.bos_token) if self.spec.bos_token else None
         self._encode = lambda texts: enc.encode_ordinary_batch(list(texts), num_threads=1)
+        self._backend = enc
+
+    # -- one text with character offsets (chat templates: which tokens are the assistant's) ------------
+    def encode_offsets(self, text: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(ids, starts, ends)`` of one text, without BOS/EOS: each token's character range in ``text``."""
+        kind, b = self.spec.kind, self._backend
+        if kind == "huggingface":
+            enc = b.encode(text, add_special_tokens=False)
+            spans = np.asarray(enc.offsets, dtype=np.int64).reshape(-1, 2)
+            return np.asarray(enc.ids, dtype=np.int32), spans[:, 0], spans[:, 1]
+        if kind == "sentencepiece":
+            proto = b.encode(text, out_type="proto")
+            char_of_byte = np.zeros(len(text.encode("utf-8")) + 1, dtype=np.int64)
+            pos = 0
+            for i, ch in enumerate(text):
+                n = len(ch.encode("utf-8"))
+                char_of_byte[pos:pos + n] = i
+                pos += n
+            char_of_byte[pos] = len(text)
+            ids = np.fromiter((p.id for p in proto.pieces), dtype=np.int32)
+            starts = np.fromiter((char_of_byte[p.begin] for p in proto.pieces), dtype=np.int64, count=len(ids))
+            ends = np.fromiter((char_of_byte[p.end] for p in proto.pieces), dtype=np.int64, count=len(ids))
+            return ids, starts, ends
+        ids_list = b.encode_ordinary(text)
+        _, starts_list = b.decode_with_offsets(ids_list)
+        starts = np.asarray(starts_list, dtype=np.int64)
+        ends = np.append(starts[1:], len(text)) if len(starts) else starts
+        return np.asarray(ids_list, dtype=np.int32), starts, ends
+
+    def token_text(self, token_id: int | None) -> str:
+        """The text of one token id (e.g. the EOS token's name for a chat template), '' for None."""
+        if token_id is None:
+            return ""
+        kind, b = self.spec.kind, self._backend
+        if kind == "huggingface":
+            return b.id_to_token(token_id) or ""
+        if kind == "sentencepiece":
+            return b.id_to_piece(token_id)
+        return b.decode([token_id])
 
     # -- the batched call -----------------------------------------------------------------------
     def encode(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:

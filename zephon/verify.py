@@ -8,50 +8,52 @@ back ``zephon verify`` and the test suite.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Any, Sequence
 
 from .collate import global_digest
-from .loader import build_loader
+from .engine.executors import Executor, make_executor
+from .loader import as_pipeline, build_loader
 from .plan import WorkPlan
-from .recipe import Recipe
-from .runner import Runner
 from .state import merge_states
 
-
-def _loaders(recipe: Recipe, world_size: int, plan: WorkPlan, runner: Runner | str, num_workers: int) -> list:
-    return [build_loader(recipe, rank=r, world_size=world_size, runner=runner, num_workers=num_workers, plan=plan)
-            for r in range(world_size)]
+_KIND = {"thread": "thread", "pool": "process"}
 
 
-def _pool(recipe: Recipe, plan: WorkPlan, num_workers: int, runner: str) -> Runner | None:
-    """One chunk runner (threads or a process pool) shared by all ranks of the simulation; whole-lane
-    process runners (``runner="process"``) belong to each loader."""
-    if num_workers == 0 or runner == "thread":
-        return Runner(recipe, plan, num_workers)
-    return Runner(recipe, plan, num_workers, "pool") if runner == "pool" else None
+def _loaders(pipe: Any, world_size: int, program: Any, runner: Executor | str, num_workers: int) -> list:
+    return [build_loader(pipe, rank=r, world_size=world_size, runner=runner, num_workers=num_workers,
+                         program=program) for r in range(world_size)]
 
 
-def global_hashes(recipe: Recipe, world_size: int, steps: int, num_workers: int = 0, runner: str = "thread",
+def _shared_executor(program: Any, num_workers: int, runner: str) -> Executor | None:
+    """One executor (inline, threads or a process pool) shared by all ranks of the simulation; whole-lane
+    runners (``runner="process"``) belong to each loader."""
+    if runner == "process" and num_workers:
+        return None
+    return make_executor(_KIND.get(runner, runner) if num_workers else "inline", program.stages, num_workers)
+
+
+def global_hashes(pipeline: Any, world_size: int, steps: int, num_workers: int = 0, runner: str = "thread",
                   resume_at: int | None = None, resume_world_size: int | None = None,
                   plan: WorkPlan | None = None) -> list[str]:
-    """Hashes of global batches 0..steps-1 on ``world_size`` ranks.
+    """Hashes of global batches 0..steps-1 on ``world_size`` ranks (``pipeline``: a Pipeline or a Recipe).
 
     With ``resume_at=k``: run k steps, take every rank's state, merge them, rebuild the loaders on
-    ``resume_world_size`` ranks (fresh runner too), load the merged state and run the remaining steps.
+    ``resume_world_size`` ranks (fresh executors too), load the merged state and run the remaining steps.
     """
-    plan = plan or WorkPlan(recipe)
+    pipe = as_pipeline(pipeline)
+    program = pipe.compile(plan)
     first = steps if resume_at is None else resume_at
-    hashes, state = _run(recipe, plan, world_size, first, num_workers, runner, None)
+    hashes, state = _run(pipe, program, world_size, first, num_workers, runner, None)
     if resume_at is None:
         return hashes
-    more, _ = _run(recipe, plan, resume_world_size or world_size, steps - resume_at, num_workers, runner, state)
+    more, _ = _run(pipe, program, resume_world_size or world_size, steps - resume_at, num_workers, runner, state)
     return hashes + more
 
 
-def _run(recipe: Recipe, plan: WorkPlan, world_size: int, steps: int, num_workers: int, runner: str,
+def _run(pipe: Any, program: Any, world_size: int, steps: int, num_workers: int, runner: str,
          state: dict | None) -> tuple[list[str], dict]:
-    pool = _pool(recipe, plan, num_workers, runner)
-    loaders = _loaders(recipe, world_size, plan, pool or runner, num_workers)
+    pool = _shared_executor(program, num_workers, runner)
+    loaders = _loaders(pipe, world_size, program, pool or runner, num_workers)
     try:
         if state is not None:
             for ld in loaders:
@@ -78,9 +80,10 @@ class VerifyReport:
         return all(ok for _, _, ok in self.rows)
 
 
-def verify(recipe: Recipe, world_sizes: Sequence[int], steps: int, resume_at: int | None = None,
+def verify(recipe: Any, world_sizes: Sequence[int], steps: int, resume_at: int | None = None,
            num_workers: Sequence[int] = (0,), runner: str = "thread") -> VerifyReport:
     """Compare global-batch hashes for every world size (and resumes between them) to world size 1."""
+    recipe = as_pipeline(recipe)
     plan = WorkPlan(recipe)
     reference = global_hashes(recipe, 1, steps, plan=plan)
     report = VerifyReport(steps, reference)

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import fsspec
 
-from ..recipe import Recipe, SourceSpec
 from .base import LRU, DocLimit, RawChunk, Reader, SourceError, Unit
 from .indexed import IndexedReader
 from .jsonl import JsonlReader
@@ -16,21 +17,26 @@ from .vortex import VortexReader
 # Formats whose "files" are the shards named by index.json files (listed by zephon.plan.list_files).
 INDEXED_READERS: dict[str, type[IndexedReader]] = {"mds": MdsReader, "litdata": LitDataReader}
 
+if TYPE_CHECKING:
+    from ..read import ReadSpec
+
 __all__ = ["RawChunk", "Reader", "SourceError", "Unit", "make_reader", "LRU", "INDEXED_READERS"]
 
 
-def make_reader(recipe: Recipe, source: SourceSpec, fs: fsspec.AbstractFileSystem) -> Reader:
-    """The reader for ``source``'s format, configured with the recipe's chunk sizes."""
-    tokens = source.tokens_field  # pre-tokenized sources (zephon/pretokenized.py)
-    limit = DocLimit(recipe.max_doc_bytes, recipe.oversize)  # the per-document size guard ([read])
-    if source.format == "parquet":
-        return ParquetReader(fs, source.name, source.text_field, recipe.chunk_rows, recipe.cache_bytes, tokens,
-                             limit)
-    if source.format == "jsonl":
-        return JsonlReader(fs, source.name, source.text_field, recipe.chunk_bytes, recipe.unit_bytes, limit)
-    if source.format in INDEXED_READERS:  # MDS, LitData: shards listed from index.json (readers/indexed.py)
-        return INDEXED_READERS[source.format](fs, source.name, tokens or source.text_field, tokens is not None,
-                                              recipe.chunk_rows, recipe.cache_bytes)
-    if source.format == "vortex":
-        return VortexReader(fs, source.name, source.text_field, recipe.chunk_rows, recipe.cache_bytes, tokens)
-    raise SourceError(f"source '{source.name}': no reader for format '{source.format}'.")
+def make_reader(name: str, read: "ReadSpec", fs: fsspec.AbstractFileSystem) -> Reader:
+    """The reader of source ``name`` for its :class:`~zephon.read.ReadSpec` (format, fields, chunk sizes)."""
+    tokens = read.tokens_field  # pre-tokenized sources: a token-id column
+    limit = DocLimit(read.max_doc_bytes, read.oversize)  # the per-document size guard
+    if read.format == "parquet":
+        return ParquetReader(fs, name, read.text_field, read.chunk_rows, read.cache_bytes, tokens, limit, read.columns)
+    if read.format == "jsonl":
+        return JsonlReader(fs, name, read.text_field, read.chunk_bytes, read.unit_bytes, limit, read.columns)
+    if read.columns and read.columns != (tokens or read.text_field,):
+        raise SourceError(f"source '{name}': format '{read.format}' reads one field (text_field or tokens_field); "
+                          f"columns={list(read.columns)} is supported for parquet and jsonl sources.")
+    if read.format in INDEXED_READERS:  # MDS, LitData: shards listed from index.json (readers/indexed.py)
+        return INDEXED_READERS[read.format](fs, name, tokens or read.text_field, tokens is not None,
+                                            read.chunk_rows, read.cache_bytes)
+    if read.format == "vortex":
+        return VortexReader(fs, name, read.text_field, read.chunk_rows, read.cache_bytes, tokens)
+    raise SourceError(f"source '{name}': no reader for format '{read.format}'.")

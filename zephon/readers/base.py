@@ -136,6 +136,9 @@ class RawChunk:
     next_cursors: np.ndarray  # int64 [n]
     end_cursor: int  # cursor just past the chunk (resolves end=-1)
     tokens: TokenRows | None = None  # pre-tokenized sources only
+    # A source read with several columns (``columns=``): each column's values, one per record (lists, or
+    # TokenRows for token-id columns); ``texts`` and ``tokens`` are then unused.
+    columns: dict[str, Any] | None = None
 
 
 class Reader(Protocol):

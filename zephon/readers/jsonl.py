@@ -55,8 +55,10 @@ class JsonlReader:
     """Reads ``text_field`` of JSON Lines files (``.jsonl``, ``.jsonl.gz``, ``.jsonl.zst``)."""
 
     def __init__(self, fs: fsspec.AbstractFileSystem, source: str, text_field: str,
-                 chunk_bytes: int, unit_bytes: int, doc_limit: DocLimit = DEFAULT_DOC_LIMIT) -> None:
+                 chunk_bytes: int, unit_bytes: int, doc_limit: DocLimit = DEFAULT_DOC_LIMIT,
+                 columns: Sequence[str] | None = None) -> None:
         self.fs = fs
+        self.columns = tuple(columns) if columns else None  # several fields of any JSON type, as record fields
         self.source = source
         self.text_field = text_field
         self.chunk_bytes = chunk_bytes
@@ -119,14 +121,35 @@ class JsonlReader:
         hi = self._size(path) if unit.end < 0 else unit.end
         return aligned_cuts(lo, hi, 0, self.chunk_bytes)
 
+    def starts_record(self, path: str, cursor: int) -> bool:
+        """Whether ``cursor`` is a position a lane can stand at: a line number of a compressed file always is;
+        a byte offset of a plain file must be a chunk boundary (a chunk owns the lines that start in it; a
+        unit's start is one too) or follow a newline. Checked for a resumed position: any other byte would
+        silently drop a line."""
+        if compression_of(path) or cursor <= 0 or cursor % self.chunk_bytes == 0:
+            return True
+        try:
+            with self.fs.open(path, "rb") as f:
+                f.seek(cursor - 1)
+                return f.read(1) == b"\n"
+        except FileNotFoundError as exc:
+            raise SourceError(f"source '{self.source}': file {path} is missing; restore it or start a new run.") from exc
+
     # -- reading (runs on workers) ---------------------------------------------------------------
     def read(self, path: str, start: int, end: int) -> RawChunk:
         if compression_of(path):
             lines = self._all_lines(path)
             stop = len(lines) if end < 0 else min(end, len(lines))
             texts = [self._record(lines[k], path, f"line {k + 1}") for k in range(start, stop)]
-            return RawChunk(texts, np.arange(start + 1, stop + 1, dtype=np.int64), stop)
+            return self._chunk(texts, np.arange(start + 1, stop + 1, dtype=np.int64), stop)
         return self._read_bytes(path, start, self._size(path) if end < 0 else end)
+
+    def _chunk(self, records: list, cursors: np.ndarray, end: int) -> RawChunk:
+        """Texts, or with ``columns=``, each field's values (a skipped oversize line: None in every field)."""
+        if not self.columns:
+            return RawChunk(records, cursors, end)
+        cols = {c: [None if r is None else r[c] for r in records] for c in self.columns}
+        return RawChunk([], cursors, end, columns=cols)
 
     def _read_bytes(self, path: str, start: int, end: int) -> RawChunk:
         """The lines that start in ``[start, end)``: the chunk's bytes, plus the rest of its last line."""
@@ -155,7 +178,7 @@ class JsonlReader:
                 texts.append(self._record(data[pos:nl], path, f"byte {base + pos}"))
                 cursors.append(base + nl + 1)
                 pos = nl + 1
-        return RawChunk(texts, np.asarray(cursors, dtype=np.int64), end)
+        return self._chunk(texts, np.asarray(cursors, dtype=np.int64), end)
 
     def _last_line(self, f: BinaryIO, head: bytes, offset: int, end: int, path: str) -> tuple[str | None, int]:
         """The record of the line at ``offset`` that starts with ``head`` (read so far; ``f`` is just
@@ -215,6 +238,12 @@ class JsonlReader:
             raise SourceError(f"source '{self.source}': {path}, {where}: a JSON object is expected, got "
                               f"{type(record).__name__}. Each line must be one JSON object: fix or remove "
                               f"that line.")
+        if self.columns:
+            missing = [c for c in self.columns if c not in record]
+            if missing:
+                raise SourceError(f"source '{self.source}': {path}, {where}: no field {missing[0]!r} (fields: "
+                                  f"{', '.join(sorted(record))}). Fix the source's columns, or that line.")
+            return {c: record[c] for c in self.columns}  # type: ignore[return-value]
         if self.text_field not in record:
             raise SourceError(f"source '{self.source}': {path}, {where}: no field '{self.text_field}' "
                               f"(fields: {', '.join(sorted(record))}). Set text_field of this source.")

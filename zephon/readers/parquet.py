@@ -13,7 +13,7 @@ metadata is never read (no ``to_pandas``).
 from __future__ import annotations
 
 import threading
-from typing import Sequence
+from typing import Any, Sequence
 
 import fsspec
 import numpy as np
@@ -33,8 +33,9 @@ class ParquetReader:
 
     def __init__(self, fs: fsspec.AbstractFileSystem, source: str, text_field: str, chunk_rows: int,
                  cache_bytes: int = 1 << 30, tokens_field: str | None = None,
-                 doc_limit: DocLimit = DEFAULT_DOC_LIMIT) -> None:
+                 doc_limit: DocLimit = DEFAULT_DOC_LIMIT, columns: Sequence[str] | None = None) -> None:
         self.fs = fs
+        self.columns = tuple(columns) if columns else None  # several columns, as record fields
         self.source = source
         self.text_field = tokens_field or text_field  # the one column read
         self.tokens_field = tokens_field
@@ -101,6 +102,34 @@ class ParquetReader:
             return col
         return self._columns.get((path, rg), make)
 
+    def _named_column(self, path: str, rg: int, name: str) -> pa.Array:
+        """One column of a row group (any type), for sources read with ``columns=``."""
+        def make() -> pa.Array:
+            pf = self._open(path)
+            names = pf.schema_arrow.names
+            if name not in names:
+                raise SourceError(f"source '{self.source}': {path} has no column '{name}' (columns: "
+                                  f"{', '.join(names)}). Fix the source's columns.")
+            try:
+                return pf.read_row_group(rg, columns=[name]).column(0).combine_chunks()
+            except (pa.ArrowInvalid, OSError) as exc:
+                raise SourceError(f"source '{self.source}': cannot read row group {rg} of {path} ({exc}). "
+                                  f"The file is corrupt or truncated: re-write or remove it.") from exc
+        return self._columns.get((path, rg, name), make)
+
+    def _read_columns(self, path: str, rg: int, offset: int, start: int, end: int) -> dict[str, Any]:
+        """Each requested column of rows [start, end): texts (size guard applied), token ids, other values."""
+        out: dict[str, Any] = {}
+        for name in self.columns or ():
+            col = self._named_column(path, rg, name).slice(offset, end - start)
+            if any(check(col.type) for check in _TEXT_TYPES):
+                out[name] = limit_text_column(col, self.doc_limit, self.source, path, start)
+            elif is_token_list_type(col.type):
+                out[name] = arrow_token_rows(col, self.source, path, name, start)
+            else:
+                out[name] = col.to_pylist()
+        return out
+
     def read(self, path: str, start: int, end: int) -> RawChunk:
         starts = self.row_group_starts(path)
         rg = int(np.searchsorted(starts, start, side="right") - 1)
@@ -108,8 +137,10 @@ class ParquetReader:
             end = int(starts[rg + 1])
         if end > starts[rg + 1]:
             raise AssertionError(f"chunk [{start}, {end}) crosses a row group of {path}")
-        col = self._column(path, rg).slice(start - int(starts[rg]), end - start)
         cursors = np.arange(start + 1, end + 1, dtype=np.int64)
+        if self.columns:
+            return RawChunk([], cursors, end, columns=self._read_columns(path, rg, start - int(starts[rg]), start, end))
+        col = self._column(path, rg).slice(start - int(starts[rg]), end - start)
         if self.tokens_field:
             return RawChunk([], cursors, end, tokens=arrow_token_rows(col, self.source, path, self.text_field, start))
         return RawChunk(limit_text_column(col, self.doc_limit, self.source, path, start), cursors, end)

@@ -1,12 +1,15 @@
-"""Checkpoints: lane states, loader states, fingerprints, merging and validation (one package).
+"""Checkpoints: lane states, loader states, fingerprints, merging and validation, in one package.
 
-A loader state is ``{"format", "version", "fingerprint", "pipeline", "step", "lanes": {lane: LaneState},
-"digest"}``. Because it is keyed by lane, the states of all ranks of a checkpoint merge into one from
-which any rank of any world size dividing the lane count can resume.
+- :mod:`zephon.state.lane`: a lane's resumable state and the checks of each field;
+- :mod:`zephon.state.checkpoint`: the loader state (lane-keyed, versioned, fingerprinted, digested),
+  merging the ranks' states, saving and loading.
+
+The fingerprint itself is computed from the compiled pipeline (:mod:`zephon.compile`).
 """
 
-from .loader import (STATE_FORMAT, STATE_VERSION, StateError, check_compatible, fingerprint, load_state,
-                     merge_states, recipe_summary, save_state)
+from .checkpoint import (STATE_FORMAT, STATE_VERSION, check_compatible, check_container, load_state, merge_states,
+                         save_state, seal, state_digest)
+from .lane import LaneState, StateError, parse_lane_state
 
-__all__ = ["STATE_FORMAT", "STATE_VERSION", "StateError", "check_compatible", "fingerprint", "load_state",
-           "merge_states", "recipe_summary", "save_state"]
+__all__ = ["LaneState", "STATE_FORMAT", "STATE_VERSION", "StateError", "check_compatible", "check_container",
+           "load_state", "merge_states", "parse_lane_state", "save_state", "seal", "state_digest"]

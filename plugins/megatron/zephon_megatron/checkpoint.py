@@ -79,10 +79,10 @@ def write_data_state(batches: Any, layout: Any, iteration: int, root: str | os.P
     if layout.dp_rank == 0:
         header = {
             "format": FORMAT, "version": VERSION, "split": batches.data_split, **common,
-            "lanes": int(state["recipe"]["lanes"]),
+            "lanes": int(state["pipeline"]["lanes"]),
             "saved_with": {"data_parallel_size": layout.dp_size, "micro_batch_size": layout.micro_batch_size,
                            "num_microbatches": layout.num_microbatches},
-            # the loader state without its lanes: format, version, fingerprint, recipe summary, step
+            # the loader state without its lanes: format, version, fingerprint, pipeline summary, step, digest
             "zephon": {k: v for k, v in state.items() if k not in ("lanes", "rank", "world_size")},
         }
         zephon.save_state(header, folder / HEADER)

@@ -39,7 +39,7 @@ TRAINER_TOKENIZER = "@hf_assets_path"
 
 HEADER_KEY = "zephon"
 LANE_PREFIX = "lane_"
-_HEADER_FIELDS = ("format", "version", "fingerprint", "recipe", "step")
+_HEADER_FIELDS = ("format", "version", "fingerprint", "pipeline", "step", "digest")
 
 
 def lane_key(lane: int) -> str:

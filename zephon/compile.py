@@ -1,0 +1,320 @@
+"""From a :class:`~zephon.pipeline.Pipeline` to what lanes run: stages, the merge, accumulators, the
+fingerprint; plus ``explain()`` and ``validate()``.
+
+Compiling checks the graph (errors name the operator and the fix), places every operator (per source
+on the executors before the merge, serial in the lane after it), inserts what a pipeline implies but
+need not spell out (``mix`` where several sources meet, ``split`` at ``seq_len`` before best/first-fit
+packing), collects the per-token fields every operator adds, lists and plans the sources, and computes
+the fingerprint over all of it: sources and their files, every operator in order with its parameters,
+user functions by qualified name and version.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any, Callable
+
+import numpy as np
+
+from .engine.lane import LaneProgram
+from .engine.nodes import TransformStep
+from .engine.stages import Stage, StageProgram
+from .ops.base import LaneContext, Operator, Transform
+from .ops.mix import Mix
+from .ops.pack import Pack
+from .ops.shuffle import Shuffle
+from .ops.split import Split
+from .plan import ReaderFactory, WorkPlan
+from .records import INPUT_IDS
+from .pipeline import (AccumulateStep, BatchStep, MixStep, PackStep, Pipeline, PipelineError, ShuffleStep)
+
+PIPELINE_SCHEMA = 1  # bumped when the meaning of a fingerprinted field changes
+
+
+@dataclass
+class CompiledPipeline(LaneProgram):
+    """A :class:`LaneProgram` plus what the loader needs around it: collation and the fingerprint."""
+
+    pad_id: int = 0
+    token_fields: dict[str, tuple[Any, Any]] = field(default_factory=dict)  # name -> (dtype, default)
+    pad_values: dict[str, Any] = field(default_factory=dict)  # name -> value in padding positions
+    summary: dict[str, Any] = field(default_factory=dict)
+    fingerprint: str = ""
+    placement: list[tuple[str, str, str]] = field(default_factory=list)  # (operator, where, sources) for explain
+
+
+def _dtype_of(default: Any) -> Any:
+    if isinstance(default, tuple):
+        return np.dtype(default[0]), default[1]
+    if isinstance(default, (bool, np.bool_)):
+        return np.dtype(np.uint8), int(default)
+    if isinstance(default, float):
+        return np.dtype(np.float32), default
+    return np.dtype(np.int32), default
+
+
+def _token_schema(ops: list[Operator]) -> dict[str, tuple[Any, Any]]:
+    schema: dict[str, tuple[Any, Any]] = {INPUT_IDS: (np.dtype(np.int32), 0)}
+    for op in ops:
+        for name, default in getattr(op, "token_fields", {}).items():
+            if name not in schema:
+                schema[name] = _dtype_of(default)
+    return schema
+
+
+def _merge_index(steps: tuple[Operator, ...]) -> int:
+    """Where the sources meet: an explicit mix, else the first stateful step."""
+    for i, s in enumerate(steps):
+        if isinstance(s, MixStep) or s.stateful:
+            return i
+    return len(steps)
+
+
+def _tokenized(ops: list[Transform]) -> bool:
+    return any(op.kind in ("tokenize", "tokenize_chat") for op in ops)
+
+
+def compile_pipeline(pipe: Pipeline, plan: WorkPlan | None = None) -> CompiledPipeline:
+    steps = pipe.steps
+    if not pipe.sources:
+        raise PipelineError("the pipeline has no source: add one with .source(name, zephon.read.<format>(...))")
+    if not steps or not isinstance(steps[-1], BatchStep):
+        raise PipelineError("a pipeline ends with .batch(rows_per_lane=...)")
+    pack_at = next((i for i, s in enumerate(steps) if isinstance(s, PackStep)), -1)
+    if pack_at < 0 or pack_at != len(steps) - 2:
+        raise PipelineError("pack(seq_len=...) must come right before batch(): the rows a lane delivers are packed")
+    pack: PackStep = steps[pack_at]  # type: ignore[assignment]
+    batch: BatchStep = steps[-1]  # type: ignore[assignment]
+    names = [s.name for s in pipe.sources]
+    m = _merge_index(steps)
+    before, after = list(steps[:m]), list(steps[m:pack_at])
+    mix_step = after.pop(0) if after and isinstance(after[0], MixStep) else None
+    if any(isinstance(s, MixStep) for s in after):
+        raise PipelineError("mix() must come before every accumulator (shuffle, accumulate): the sources meet first")
+    per_source: list[list[Transform]] = [[t for t in before if t.applies_to(n)] for n in names]  # type: ignore[misc]
+    placement = [(t.name, "workers, per source", ",".join(n for n in names if t.applies_to(n))) for t in before]
+
+    # split: explicit, or implied at seq_len before best/first-fit packing
+    all_ops = [t for t in steps if isinstance(t, Transform)]
+    splits = [t for t in all_ops if isinstance(t, Split)]
+    for sp in splits:
+        if sp.max_tokens > pack.seq_len and pack.algorithm != "wrap":
+            raise PipelineError(f"split(max_tokens={sp.max_tokens}) exceeds pack(seq_len={pack.seq_len}): a piece longer "
+                                f"than a row cannot be packed with {pack.algorithm}. Lower it to at most {pack.seq_len}.")
+    implicit: list[Split] = []
+    if not splits and pack.algorithm != "wrap":
+        if all(_tokenized(ops) for ops in per_source):
+            sp = Split(pack.seq_len, name="split (implied by pack)")
+            implicit.append(sp)
+            per_source = [ops + [sp] for ops in per_source]
+            placement.append((sp.name, "workers, per source", ",".join(names)))
+        else:
+            sp = Split(pack.seq_len, name="split (implied by pack)")
+            implicit.append(sp)
+            after.append(sp)
+    schema = _token_schema(all_ops)
+    for sp in splits + implicit:
+        sp.token_names = tuple(schema)
+
+    # the merge
+    by = mix_step.by if mix_step else "tokens"
+    if by == "tokens" and not all(_tokenized(ops) for ops in per_source) and len(names) > 1:
+        raise PipelineError("mix(by='tokens') needs documents: tokenize every source before the sources meet "
+                            "(.tokenize() before .mix()), or mix(by='documents')")
+    weights = [mix_step.weights[n] for n in names] if mix_step and mix_step.weights else \
+        [s.weight for s in pipe.sources]
+    merge_factory = partial(_make_mix, tuple(weights), by, tuple(names))
+    placement.append(("mix" if mix_step else "mix (implied)", "lane: the merge", ",".join(names)))
+
+    # after the merge: serial, per lane
+    lane_steps: list[tuple[str, Callable[[LaneContext], Any]]] = []
+    for s in after:
+        if isinstance(s, Transform):
+            lane_steps.append((s.name, partial(_make_transform_step, s)))
+        elif isinstance(s, ShuffleStep):
+            lane_steps.append(("shuffle", partial(_make_shuffle, s.buffer)))
+        elif isinstance(s, AccumulateStep):
+            lane_steps.append((s.name, s.factory))
+        else:
+            raise PipelineError(f"{s.kind}() cannot come after the merge here")
+        placement.append((s.name, "lane: accumulator" if s.stateful else "lane: per record", "-"))
+    lane_steps.append(("pack", partial(_make_pack, pack.seq_len, pack.algorithm, pack.max_open_bins, schema)))
+    placement.append(("pack", "lane: accumulator", "-"))
+    placement.append(("batch", f"lane: {batch.rows_per_lane} row(s) per step", "-"))
+
+    # sources and stages
+    plan = plan or WorkPlan.from_pipeline(pipe)
+    stages = [_stages(ops) for ops in per_source]
+    readers = [ReaderFactory(sp.spec, sp.storage) for sp in plan.sources]  # picklable: workers build their own
+    coords = [partial(_coord, sp.spec.format) for sp in plan.sources]
+    program = StageProgram(names, readers, stages, coords)
+    pad_id = pack.pad_id if pack.pad_id is not None else _tokenizer_pad(all_ops)
+    pad_values = {name: (pad_id if name == INPUT_IDS else 0) for name in schema}
+
+    compiled = CompiledPipeline(
+        seed=pipe.seed, lanes=pipe.lanes, names=names, plan=plan, stages=program,
+        stage_kinds=[[st.executor for st in sts] for sts in stages], merge=merge_factory, steps=lane_steps,
+        rows_per_lane=batch.rows_per_lane, flush_every=pipe.flush_every, seq_len=pack.seq_len,
+        max_empty_units=[2 * len(sp.units) + pipe.lanes for sp in plan.sources],
+        pad_id=pad_id, token_fields=schema, pad_values=pad_values, placement=placement)
+    compiled.summary = summary(pipe, plan, per_source, mix_step, weights, by, after, pack, batch)
+    compiled.fingerprint = fingerprint(compiled.summary)
+    return compiled
+
+
+def _stages(ops: list[Transform]) -> list[Stage]:
+    """Consecutive transforms with the same executor kind form one stage (read included in the first)."""
+    out: list[Stage] = []
+    for op in ops:
+        if out and out[-1].executor == op.executor:
+            out[-1] = Stage(op.executor, out[-1].transforms + (op,))
+        else:
+            out.append(Stage(op.executor, (op,)))
+    return out or [Stage(None, ())]
+
+
+def _make_mix(weights: tuple, by: str, names: tuple, ctx: LaneContext) -> Mix:
+    return Mix(weights, by, names)
+
+
+def _make_shuffle(buffer: int, ctx: LaneContext) -> Shuffle:
+    return Shuffle(ctx, buffer)
+
+
+def _make_pack(seq_len: int, algorithm: str, max_open_bins: int, schema: dict, ctx: LaneContext) -> Pack:
+    return Pack(ctx, seq_len, algorithm, max_open_bins, schema)
+
+
+def _make_transform_step(transform: Transform, ctx: LaneContext) -> TransformStep:
+    return TransformStep(transform)
+
+
+def _coord(fmt: str, path: str) -> str:
+    if fmt == "jsonl":
+        from .readers.jsonl import compression_of
+
+        return "line" if compression_of(path) else "byte"
+    return "row" if fmt in ("parquet", "vortex") else "sample"
+
+
+def _tokenizer_pad(ops: list[Operator]) -> int:
+    tok = next((op for op in ops if op.kind in ("tokenize", "tokenize_chat")), None)
+    return 0 if tok is None else tok.tokenizer.pad_id
+
+
+# -- fingerprint ---------------------------------------------------------------------------------------
+def summary(pipe: Pipeline, plan: WorkPlan, per_source: list[list[Transform]], mix_step: MixStep | None,
+            weights: list[float], by: str, after: list[Operator], pack: PackStep, batch: BatchStep) -> dict[str, Any]:
+    """Everything that decides the bytes of the batches, as plain data (file lists as digests)."""
+    sources = []
+    for decl, sp, ops in zip(pipe.sources, plan.sources, per_source):
+        files = "\n".join(sp.relative_files())
+        sources.append({"name": decl.name, **decl.read.describe(), "files": len(sp.files), "units": len(sp.units),
+                        "files_sha256": hashlib.sha256(files.encode()).hexdigest()[:16],
+                        "ops": [op.describe() for op in ops]})
+    return {
+        "schema": PIPELINE_SCHEMA, "seed": pipe.seed, "lanes": pipe.lanes, "flush_every": pipe.flush_every,
+        "sources": sources,
+        "mix": {"by": by, "weights": dict(zip((s.name for s in pipe.sources), weights))},
+        "lane_ops": [op.describe() for op in after],
+        "pack": pack.describe(), "rows_per_lane": batch.rows_per_lane,
+    }
+
+
+def fingerprint(summary: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(summary, sort_keys=True, default=str).encode()).hexdigest()[:32]
+
+
+# -- explain and validate ------------------------------------------------------------------------------
+def explain(pipe: Pipeline) -> str:
+    c = pipe.compile()
+    lines = [f"Pipeline seed={pipe.seed} lanes={pipe.lanes} flush_every={pipe.flush_every} "
+             f"global batch {pipe.lanes} x {c.rows_per_lane} rows x {c.seq_len} tokens",
+             "sources:"]
+    for decl, sp in zip(pipe.sources, c.plan.sources):
+        lines.append(f"  {decl.name}: {decl.read.format} {', '.join(decl.read.path)} fields={list(decl.read.fields)} "
+                     f"weight={decl.weight:g} ({len(sp.files)} files, {len(sp.units)} units)")
+    lines.append("operators:")
+    width = max(len(n) for n, _, _ in c.placement)
+    for name, where, srcs in c.placement:
+        lines.append(f"  {name:<{width}}  {where}" + (f"  [{srcs}]" if srcs not in ("-", "") else ""))
+    lines.append(f"per-token fields: {', '.join(c.token_fields)}")
+    lines.append(f"fingerprint: {c.fingerprint}")
+    return "\n".join(lines)
+
+
+@dataclass
+class ValidationReport:
+    """What :meth:`Pipeline.validate` saw: records per source, per stateless operator, per accumulator."""
+
+    records_read: dict[str, int] = field(default_factory=dict)
+    after_transforms: dict[str, int] = field(default_factory=dict)
+    lane_outputs: dict[str, int] = field(default_factory=dict)
+    rows: int = 0
+
+    def __str__(self) -> str:
+        return (f"read {self.records_read}; after the stateless operators {self.after_transforms}; "
+                f"lane operators {self.lane_outputs}; rows packed {self.rows}")
+
+
+def validate(pipe: Pipeline, records: int = 64) -> ValidationReport:
+    """Run a few records of every source through every operator in this process; an error names the
+    operator that raised it."""
+    from .engine.stages import drop_delivered  # noqa: F401 - the same module the workers use
+
+    c = pipe.compile()
+    report = ValidationReport()
+    docs_by_source = []
+    for s, (name, sp) in enumerate(zip(c.names, c.plan.sources)):
+        got, docs = 0, []
+        for task in sp.chunk_tasks(0, 0, -1):
+            if task.empty:
+                continue
+            chunk = c.stages.read(s, task)
+            got += chunk.n
+            for stage in c.stages.stages[s]:
+                for t in stage.transforms:
+                    if not chunk.n:
+                        break
+                    try:
+                        chunk = t.apply(chunk)
+                    except Exception as exc:
+                        raise PipelineError(f"validate: operator '{t.name}' failed on source '{name}' "
+                                            f"({task.path}): {type(exc).__name__}: {exc}") from exc
+            docs += list(chunk.docs())
+            if got >= records:
+                break
+        report.records_read[name] = got
+        report.after_transforms[name] = len(docs)
+        docs_by_source.append(docs)
+    ctx = LaneContext(pipe.seed, 0, 0, tuple(c.names))
+    from .ops.base import call_factory
+
+    merge = call_factory(c.merge, ctx)
+    stream = []
+    cursors = [0] * len(docs_by_source)
+    while True:
+        s = merge.next_source()
+        if cursors[s] >= len(docs_by_source[s]):
+            break
+        stream += list(merge.push_from(docs_by_source[s][cursors[s]], s))
+        cursors[s] += 1
+    for name, factory in c.steps:
+        acc = call_factory(factory, ctx)
+        out: list[Any] = []
+        try:
+            for rec in stream:
+                out += list(acc.push(rec))
+            out += list(acc.flush())
+        except Exception as exc:
+            raise PipelineError(f"validate: operator '{name}' failed: {type(exc).__name__}: {exc}") from exc
+        report.lane_outputs[name] = len(out)
+        stream = out
+    report.rows = len(stream)
+    if not report.rows:
+        raise PipelineError(f"validate: {records} records per source made no packed row; check the filters and "
+                            f"fields ({report})")
+    return report

@@ -1,0 +1,192 @@
+"""Executors: where stateless tasks run. One small protocol, one class per backend.
+
+An executor runs tasks of a :class:`~zephon.engine.stages.StageProgram` (``program.run(source, stage,
+item)``: read a chunk and apply a stage's transforms) and hands back a handle whose ``result()`` is
+the task's output. Order is not its business: each source of each lane keeps its own queue of handles
+and takes results in submission order (:class:`~zephon.engine.sources.StageBuffer`), so no backend,
+worker count or completion order can change what a lane sees. A new backend is one class with
+``submit`` and ``close`` (and ``start`` if it needs the program ahead of the first task).
+
+Backends: ``inline`` (computed lazily on ``result()``, in the caller), ``thread`` (a thread pool; the
+tokenizers, pyarrow and codecs release the GIL), ``process`` (a pool of worker processes from a
+forkserver; the program is sent once, at start-up, so user functions must be picklable), and ``ray``
+(:mod:`zephon.engine.ray_executor`).
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from typing import Any, Protocol
+
+from ..worker_guard import Trainer, exit_with, this_process
+from .stages import StageProgram
+
+EXECUTOR_KINDS = ("inline", "thread", "process", "ray")
+
+
+class Handle(Protocol):
+    def result(self) -> Any: ...
+
+
+class Executor(Protocol):
+    """Runs stateless tasks; see the module docstring."""
+
+    kind: str
+    num_workers: int
+
+    def submit(self, source: int, stage: int, item: Any) -> Handle: ...
+
+    def close(self) -> None: ...
+
+
+class _Deferred:
+    """An inline "future": computed on first ``result()``, so that an inline loader does no work ahead."""
+
+    __slots__ = ("_call", "_value")
+
+    def __init__(self, call: tuple) -> None:
+        self._call, self._value = call, None
+
+    def result(self) -> Any:
+        if self._call is not None:
+            fn, *args = self._call
+            self._value = fn(*args)
+            self._call = None
+        return self._value
+
+
+class InlineExecutor:
+    """Tasks run in the calling thread, when their result is asked for."""
+
+    kind = "inline"
+    num_workers = 0
+
+    def __init__(self, program: StageProgram) -> None:
+        self.program = program
+        program.setup()
+
+    def submit(self, source: int, stage: int, item: Any) -> Handle:
+        return _Deferred((self.program.run, source, stage, item))
+
+    def close(self) -> None:
+        pass
+
+
+class ThreadExecutor:
+    """Tasks on ``num_workers`` threads of this process."""
+
+    kind = "thread"
+
+    def __init__(self, program: StageProgram, num_workers: int) -> None:
+        if num_workers < 1:
+            raise ValueError(f"a thread executor needs num_workers >= 1, got {num_workers}")
+        self.program, self.num_workers = program, num_workers
+        program.setup()
+        self._pool: ThreadPoolExecutor | None = ThreadPoolExecutor(num_workers, thread_name_prefix="zephon-chunk")
+
+    def submit(self, source: int, stage: int, item: Any) -> Handle:
+        assert self._pool is not None, "executor is closed"
+        return self._pool.submit(self.program.run, source, stage, item)
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool = None
+
+
+# -- process pool ---------------------------------------------------------------------------------------
+MAIN_GUARD_HINT = ("Most often the script that builds the loader has no `if __name__ == \"__main__\":` guard: "
+                   "worker processes start with forkserver/spawn and import the main module again. Guard the "
+                   "script's entry point, or use runner='thread'.")
+POOL_DEATH = ("a Zephon worker process died without reporting an error, at start-up or killed (out of memory? "
+              "see dmesg). " + MAIN_GUARD_HINT)
+
+_PROGRAM: StageProgram | None = None  # this pool process's program
+
+
+def _pool_init(program: StageProgram, trainer: Trainer) -> None:
+    """Pool process start-up: exit with the trainer; readers and tokenizers built once per process."""
+    global _PROGRAM
+    exit_with(trainer)
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    _PROGRAM = program
+    program.setup()
+
+
+def _pool_run(source: int, stage: int, item: Any) -> Any:
+    assert _PROGRAM is not None, "worker process was not initialised"
+    return _PROGRAM.run(source, stage, item)
+
+
+class _PoolHandle:
+    """A pool future whose ``result()`` turns a dead pool into an error that says what to do."""
+
+    __slots__ = ("_future",)
+
+    def __init__(self, future: Future) -> None:
+        self._future = future
+
+    def result(self) -> Any:
+        try:
+            return self._future.result()
+        except BrokenProcessPool as exc:
+            raise RuntimeError(POOL_DEATH) from exc
+
+
+def check_picklable(program: StageProgram) -> None:
+    """A clear error naming the operator whose function cannot be sent to worker processes."""
+    for op in program.transforms():
+        try:
+            pickle.dumps(op)
+        except Exception as exc:  # noqa: BLE001 - pickling can fail in many ways
+            raise ValueError(f"operator '{op.name}' cannot be sent to worker processes ({type(exc).__name__}: "
+                             f"{exc}); with a process or Ray executor pass a module-level function (not a lambda "
+                             f"or a local function), or use the thread runner.") from None
+
+
+class ProcessExecutor:
+    """Tasks on a pool of ``num_workers`` worker processes (forked from Zephon's forkserver)."""
+
+    kind = "process"
+
+    def __init__(self, program: StageProgram, num_workers: int) -> None:
+        from .processes import start_worker_server
+
+        if num_workers < 1:
+            raise ValueError(f"a process executor needs num_workers >= 1, got {num_workers}")
+        check_picklable(program)
+        self.program, self.num_workers = program, num_workers
+        self._pool: ProcessPoolExecutor | None = ProcessPoolExecutor(
+            num_workers, mp_context=start_worker_server(), initializer=_pool_init, initargs=(program, this_process()))
+
+    def submit(self, source: int, stage: int, item: Any) -> Handle:
+        assert self._pool is not None, "executor is closed"
+        try:
+            return _PoolHandle(self._pool.submit(_pool_run, source, stage, item))
+        except BrokenProcessPool as exc:
+            raise RuntimeError(POOL_DEATH) from exc
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool = None
+
+
+def make_executor(kind: str, program: StageProgram, num_workers: int, **options: Any) -> Executor:
+    """The executor of ``kind`` (``num_workers`` 0 always gives the inline one)."""
+    if kind not in EXECUTOR_KINDS:
+        raise ValueError(f"executor kind must be one of {EXECUTOR_KINDS}, got {kind!r}")
+    if num_workers < 0:
+        raise ValueError(f"num_workers must be >= 0, got {num_workers}")
+    if kind == "inline" or num_workers == 0:
+        return InlineExecutor(program)
+    if kind == "thread":
+        return ThreadExecutor(program, num_workers)
+    if kind == "process":
+        return ProcessExecutor(program, num_workers)
+    from .ray_executor import RayExecutor
+
+    return RayExecutor(program, num_workers, **options)

@@ -1,0 +1,192 @@
+"""Where a rank's lanes run: in this process, or whole lanes on worker processes.
+
+Because a lane is a closed world (its output is a pure function of the pipeline and the lane), it can
+run anywhere. :class:`LocalLanes` runs them in the calling process (stateless stages may still go to
+executors). :class:`ProcessLanes` places whole lanes, accumulators included, on ``num_workers``
+processes (lane ``i`` of this rank on worker ``i % num_workers``), so that independent lanes' read,
+tokenize, mix and pack all run in parallel and the trainer's process only collates rows. Inside a
+worker, one thread runs the stateless stages of the next chunks while the main thread runs the
+accumulators. Each worker computes ahead into a bounded queue; the host reads the queues in lane order
+and keeps, for each lane, the state that goes with the last step it *delivered*, so a checkpoint never
+counts rows that were computed ahead but not consumed.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import traceback
+from dataclasses import asdict
+from typing import Any, Callable, Sequence
+
+from ..records import Row
+from ..state.lane import LaneState
+from ..worker_guard import Trainer, exit_with, this_process
+from .counters import LaneCounters
+from .executors import MAIN_GUARD_HINT, Executor, ThreadExecutor, check_picklable
+from .lane import Lane, LaneProgram
+from .processes import start_worker_server
+
+
+class LocalLanes:
+    """Lanes as torchdata nodes in this process."""
+
+    def __init__(self, program: LaneProgram, lanes: Sequence[int], executor_for: Callable[[int, int], Executor],
+                 depth: int) -> None:
+        self._lanes = [Lane(program, lane, executor_for, depth) for lane in lanes]
+
+    def reset(self, states: dict[int, LaneState]) -> None:
+        for lane in self._lanes:
+            lane.reset(states.get(lane.lane))
+        for lane in self._lanes:  # workers start on every lane's first chunks at once
+            lane.prime()
+
+    def next_step(self) -> list[list[Row]]:
+        return [next(lane) for lane in self._lanes]
+
+    def states(self) -> dict[int, dict]:
+        return {lane.lane: lane.get_state() for lane in self._lanes}
+
+    def counters(self) -> dict[int, LaneCounters]:
+        return {lane.lane: lane.counters for lane in self._lanes}
+
+    def close(self) -> None:
+        pass
+
+
+def _lane_worker(pipeline: Any, lanes: list[int], states: dict[int, dict], out: Any, stop: Any,
+                 trainer: Trainer) -> None:
+    """Worker process: run ``lanes`` step after step, putting one message per step on ``out``: for each of
+    its lanes, in order, (lane, rows, state, counters). One message per step rather than per lane: the
+    trainer's process pays a queue read (lock, pipe read, unpickle) per message. Exits when ``trainer``
+    dies."""
+    exit_with(trainer)
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    executor = None
+    try:
+        import torch
+        torch.set_num_threads(1)
+        program = pipeline.compile()
+        # one stateless thread per lane process, one chunk ahead per (lane, source, stage): this process's
+        # main thread runs the accumulators while the next chunks are read and tokenized
+        executor = ThreadExecutor(program.stages, 1)
+        nodes = [Lane(program, lane, lambda s, k: executor, 1) for lane in lanes]
+        for node in nodes:
+            node.reset(states.get(node.lane))
+        for node in nodes:
+            node.prime()
+        while not stop.is_set():
+            item = ("step", [(node.lane, next(node), node.get_state(), asdict(node.counters)) for node in nodes])
+            while True:
+                try:
+                    out.put(item, timeout=0.2)
+                    break
+                except queue.Full:
+                    if stop.is_set():
+                        return
+    except BaseException as exc:  # hand the error to the host, which raises it in the trainer
+        try:
+            out.put(("error", exc, traceback.format_exc()), timeout=5)
+        except BaseException:
+            out.put(("error", RuntimeError(str(exc)), traceback.format_exc()), timeout=5)
+    finally:
+        if executor is not None:
+            executor.close()
+
+
+def _worker_death(k: int, pid: int, code: int | None) -> str:
+    """Why a lane worker may have died without a word: its own errors are always reported."""
+    head = f"Zephon lane worker {k} (pid {pid}) exited with code {code} without reporting an error"
+    if code is not None and code < 0:
+        return f"{head}: it was killed by signal {-code} (out of memory? see dmesg)."
+    if code == 255:  # CPython's status for a forkserver child whose status it could not read: the server died
+        return (f"{head}; its exit status was lost, which happens when the forkserver the workers are started from "
+                f"has died (killed, or out of memory: see dmesg). Workers exit with their forkserver.")
+    return f"{head}, so it failed while starting, before Zephon's code ran (its traceback is on stderr). " \
+        + MAIN_GUARD_HINT
+
+
+class ProcessLanes:
+    """Whole lanes on ``num_workers`` worker processes, computing up to ``prefetch`` steps ahead."""
+
+    def __init__(self, pipeline: Any, program: LaneProgram, lanes: Sequence[int], num_workers: int,
+                 prefetch: int = 4) -> None:
+        self.pipeline, self.program, self.lanes = pipeline, program, list(lanes)
+        self.num_workers = max(1, min(num_workers, len(self.lanes)))
+        self.prefetch = max(1, prefetch)
+        check_picklable(program.stages)
+        self._ctx = start_worker_server()
+        self._procs: list[Any] = []
+        self._states: dict[int, dict] = {}
+        self._counters: dict[int, LaneCounters] = {lane: LaneCounters() for lane in self.lanes}
+
+    def reset(self, states: dict[int, LaneState]) -> None:
+        self.close()
+        self._states = {k: v.to_dict() for k, v in states.items()}
+        self._counters = {lane: LaneCounters() for lane in self.lanes}
+        self._stop = self._ctx.Event()
+        self._queues, self._procs = [], []
+        for k in range(self.num_workers):
+            mine = self.lanes[k::self.num_workers]
+            q = self._ctx.Queue(maxsize=self.prefetch)  # steps ahead
+            proc = self._ctx.Process(target=_lane_worker, name=f"zephon-lanes-{k}", daemon=True,
+                                     args=(self.pipeline, mine, {x: self._states[x] for x in mine if x in self._states},
+                                           q, self._stop, this_process()))
+            proc.start()
+            self._queues.append(q)
+            self._procs.append(proc)
+
+    def _get(self, k: int) -> tuple:
+        while True:
+            try:
+                return self._queues[k].get(timeout=1.0)
+            except queue.Empty:
+                proc = self._procs[k]
+                if not proc.is_alive():
+                    raise RuntimeError(_worker_death(k, proc.pid, proc.exitcode)) from None
+
+    def next_step(self) -> list[list[Row]]:
+        if not self._procs:
+            self.reset({})
+        steps = []
+        for k in range(self.num_workers):
+            item = self._get(k)
+            if item[0] == "error":
+                _, exc, tb = item
+                self.close()
+                raise exc from RuntimeError(f"in a Zephon lane worker:\n{tb}")
+            steps.append(iter(item[1]))
+        rows_per_lane = []
+        for i, lane in enumerate(self.lanes):  # worker k holds lanes[k::num_workers], in order
+            got, rows, state, counters = next(steps[i % self.num_workers])
+            assert got == lane, f"lane worker returned lane {got}, expected {lane}"
+            self._states[lane] = state
+            self._counters[lane] = LaneCounters(**counters)
+            rows_per_lane.append(rows)
+        return rows_per_lane
+
+    def states(self) -> dict[int, dict]:
+        return {lane: self._states.get(lane, LaneState.initial(self.program.names).to_dict()) for lane in self.lanes}
+
+    def counters(self) -> dict[int, LaneCounters]:
+        return self._counters
+
+    def close(self) -> None:
+        if not self._procs:
+            return
+        self._stop.set()
+        for q in self._queues:  # unblock workers waiting on a full queue
+            try:
+                while True:
+                    q.get_nowait()
+            except (queue.Empty, OSError, ValueError):
+                pass
+        for proc in self._procs:
+            proc.join(timeout=5)
+            if proc.is_alive():
+                proc.terminate()
+                proc.join(timeout=5)
+        for q in self._queues:
+            q.close()
+            q.cancel_join_thread()
+        self._procs, self._queues = [], []

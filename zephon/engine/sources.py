@@ -1,0 +1,179 @@
+"""One lane's view of one source: tasks from its work plan, stateless stages on executors, documents
+in order, and where the reader stands after each.
+
+- :class:`ChunkSource` walks the lane's closed-form unit sequence (:meth:`SourcePlan.chunk_tasks`) from
+  a position.
+- :class:`StageBuffer` submits up to ``depth`` items ahead to an executor and hands results back strictly
+  in submission order, whichever worker finishes first: the stateless work is parallel, the order the
+  accumulators see is not. One buffer per stage of the source's transforms.
+- :class:`SourceStream` turns the chunks into documents for the merge and keeps the source's position
+  ``(unit_seq, cursor, skip)`` after the last document taken; it reports each completed chunk to the
+  lane's :class:`~zephon.engine.sentinels.FlushPolicy`, and refuses a source that gives nothing for
+  too long (:class:`EmptySourceWatch`).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Any, Iterator
+
+from torchdata.nodes import BaseNode
+
+from ..plan import ChunkTask, SourcePlan
+from ..readers.base import SourceError
+from ..records import IGNORE, INPUT_IDS, Chunk, Doc
+from .counters import LaneCounters
+from .executors import Executor
+from .sentinels import FlushPolicy
+
+
+class ChunkSource(BaseNode[ChunkTask]):
+    """Endless chunk tasks of ``lane`` in ``source``, from ``(unit_seq, cursor, skip)``."""
+
+    def __init__(self, source: SourcePlan, lane: int, position: tuple[int, int, int] = (0, -1, 0)) -> None:
+        super().__init__()
+        self.source, self.lane = source, lane
+        self._start = tuple(position)
+        self._it: Iterator[ChunkTask] | None = None
+
+    def reset(self, initial_state: dict | None = None) -> None:
+        super().reset(initial_state)
+        if initial_state is not None:
+            self._start = (int(initial_state["unit_seq"]), int(initial_state["cursor"]), int(initial_state["skip"]))
+        self._it = self.source.chunk_tasks(self.lane, *self._start)
+
+    def next(self) -> ChunkTask:
+        assert self._it is not None
+        return next(self._it)
+
+    def get_state(self) -> dict[str, Any]:
+        """Where this source started; the lane, not this node, knows the position after its last document."""
+        return {"unit_seq": self._start[0], "cursor": self._start[1], "skip": self._start[2]}
+
+
+class StageBuffer(BaseNode[Chunk]):
+    """Runs stage ``stage`` of ``source`` on ``executor`` with ``depth`` items in flight; in order."""
+
+    def __init__(self, upstream: BaseNode, executor: Executor, source: int, stage: int, depth: int) -> None:
+        super().__init__()
+        self.upstream, self.executor = upstream, executor
+        self.source, self.stage, self.depth = source, stage, max(1, depth)
+        self._pending: deque = deque()
+        self._exhausted = False
+
+    def reset(self, initial_state: dict | None = None) -> None:
+        super().reset(initial_state)
+        self._pending.clear()
+        self._exhausted = False
+        self.upstream.reset(initial_state)
+
+    def _fill(self) -> None:
+        while not self._exhausted and len(self._pending) < self.depth:
+            try:
+                item = next(self.upstream)
+            except StopIteration:
+                self._exhausted = True
+                return
+            self._pending.append(self.executor.submit(self.source, self.stage, item))
+
+    def prime(self) -> None:
+        """Submit up to ``depth`` items now, before the first ``next()`` (and the upstream stages' too)."""
+        if isinstance(self.upstream, StageBuffer):
+            self.upstream.prime()
+        self._fill()
+
+    def next(self) -> Chunk:
+        self._fill()
+        if not self._pending:
+            raise StopIteration
+        result = self._pending.popleft().result()
+        self._fill()  # keep the workers busy while the accumulators digest this chunk
+        return result
+
+    def get_state(self) -> dict[str, Any]:
+        return self.upstream.get_state()
+
+
+class EmptySourceWatch:
+    """Refuses a source that completes too many units in a row without a single document: all its
+    records empty, null or filtered (the lane would otherwise wait for ever)."""
+
+    def __init__(self, name: str, max_empty_units: int) -> None:
+        self.name, self.limit, self.run = name, max_empty_units, 0
+
+    def empty_unit(self) -> None:
+        self.run += 1
+        if self.run > self.limit:
+            raise SourceError(f"source '{self.name}' gave no document in {self.run} consecutive units: all its "
+                              f"records are empty, null or filtered. Check the fields it reads and your filters.")
+
+    def document(self) -> None:
+        self.run = 0
+
+
+class SourceStream:
+    """Documents of one source for one lane, with the reader position after each (see module docstring)."""
+
+    def __init__(self, index: int, name: str, chunks: BaseNode[Chunk], position: tuple[int, int, int],
+                 policy: FlushPolicy, watch: EmptySourceWatch, counters: LaneCounters) -> None:
+        self.index, self.name, self.chunks = index, name, chunks
+        self.position = tuple(position)
+        self.policy, self.watch, self.counters = policy, watch, counters
+        self._chunk: Chunk | None = None
+        self._k = 0
+
+    def _open(self, chunk: Chunk) -> None:
+        """Per-chunk Python lists: read once per document, where numpy scalar indexing would cost more
+        than the rest of the decision."""
+        self._chunk, self._k = chunk, 0
+        self._offs = chunk.offsets.tolist() if chunk.offsets is not None else None
+        self._cursors = chunk.resume_cursor.tolist()
+        self._skips = chunk.resume_skip.tolist()
+        self._tails = chunk.tails.tolist() if chunk.tails is not None else None
+        self._ids = chunk.token_fields.get(INPUT_IDS)
+        self._more_tokens = [(k, v) for k, v in chunk.token_fields.items() if k != INPUT_IDS]
+        self._payloads = list(chunk.columns.items())
+
+    def _finish(self, chunk: Chunk) -> bool:
+        """Book the end of ``chunk``; True when that makes a flush due."""
+        self._chunk = None
+        self.counters.skipped_records += chunk.skipped
+        self.counters.add_counts(chunk.counts)
+        if not chunk.unit_end:
+            self.position = (chunk.unit_seq, chunk.end_cursor, 0)
+            return self.policy.chunk_done(False)
+        self.position = (chunk.unit_seq + 1, -1, 0)
+        self.counters.units += 1
+        return self.policy.chunk_done(True)
+
+    def take(self) -> tuple[Doc | None, bool]:
+        """The next document and whether a flush is due after it (document None: due before it, when a
+        unit completed without giving one)."""
+        while True:
+            chunk = self._chunk
+            if chunk is None:
+                chunk = next(self.chunks)
+                if chunk.n == 0:
+                    if chunk.unit_end:
+                        self.watch.empty_unit()
+                    if self._finish(chunk):
+                        return None, True
+                    continue
+                self._open(chunk)
+            self.watch.document()
+            k = self._k
+            self._k = k + 1
+            doc = Doc()
+            if self._offs is not None:
+                a, b = self._offs[k], self._offs[k + 1]
+                doc[INPUT_IDS] = self._ids[a:b]
+                for name, flat in self._more_tokens:
+                    doc[name] = flat[a:b]
+            for name, values in self._payloads:
+                doc[name] = values[k]
+            doc.tail = self._tails[k] if self._tails is not None else IGNORE
+            doc.source = self.index
+            if self._k == chunk.n:
+                return doc, self._finish(chunk)
+            self.position = (chunk.unit_seq, self._cursors[k], self._skips[k])
+            return doc, False

@@ -1,0 +1,230 @@
+"""Packing documents into rows of ``seq_len`` tokens: best fit, first fit, or wrap.
+
+All three are online and serial (an accumulator): they see the lane's documents in order and keep a
+few open rows ("bins"). Ties are broken by the order in which bins were opened, never by chance.
+
+``best_fit``  a document goes to the open bin with the *least* free space that still holds it.
+``first_fit`` a document goes to the *oldest* open bin that holds it.
+              For both: a bin that becomes exactly full is emitted at once; when no bin holds the
+              document and ``max_open_bins`` are open, the fullest bin (oldest on ties) is emitted,
+              padded, and a new bin is opened. Documents never straddle rows (the splitter has cut
+              anything longer than a row).
+``wrap``      documents are concatenated and the stream is cut every ``seq_len`` tokens; a
+              document cut at a row end continues at the start of the next row, and the piece's tail
+              label is the next token. No padding (a flush tops its last row up, see below).
+
+Every per-token field of a document (``input_ids``, ``loss_mask``, ...) is packed side by side, so the
+fields of a row stay aligned; a document's payloads (metadata, images) go with it into its row (each
+piece of a cut document carries them). A document without one of the pipeline's per-token fields gets
+that field's default (e.g. ``loss_mask`` 1: every label counts).
+
+At a :class:`Flush` sentinel the packer must empty itself, so that after it it is as if new. Padding
+every open bin would cost up to ``max_open_bins`` part-empty rows per flush; instead the pieces in the
+open bins are taken in opening order and *wrapped* into rows (a piece cut at a row end keeps the next
+token as its tail label). That leaves at most one part-filled row, and it is not padded either: it is
+held, with the sentinel, and *topped up* with the first tokens that arrive after the sentinel (the
+piece that overflows is cut; its head's tail label is the next token). Then the row is emitted and the
+sentinel forwarded with ``carry`` = the number of post-sentinel tokens the row took. A packer rebuilt
+at that sentinel (a resume) is given ``skip=carry`` and drops exactly those tokens, so it continues as
+the original did. A flush therefore costs no padding at all, unless the segment after it holds fewer
+tokens than the held row lacks: then the row is padded (``flush_pad_tokens``) when the next sentinel
+arrives, and ``carry`` is that whole segment.
+
+Worked example, ``seq_len = 8``, ``max_open_bins = 2``, documents of lengths 5, 4, 3, 2, 6::
+
+    best_fit:  5 -> A[5]        4 -> B[4]         3 -> A[5,3] full, emit A
+               2 -> B[4,2]      6 -> no fit, 1 bin open -> C[6]
+               flush
+               -> B, C hold 4+2+6 = 12 tokens: wrapped, [4,2,2'] emitted, [4''] held with 4 free
+               next segment starts with 3, 7 -> [4'',3,1'] emitted, flush forwarded with carry 4,
+               then the rest of the 7, 6'', enters the fresh packer as a document
+    flush cost, max_open_bins = 3, open bins [5] [5] [5]: padding each costs 9 tokens in three rows;
+               wrapping their pieces gives [5,3'] [2'',5] + 1 held slot, topped up by the next
+               segment: 0 padding
+               (x' = first part of a cut piece, x'' = the rest)
+    first_fit: same here; it differs when several bins fit (oldest wins, not tightest)
+    wrap:      [5,3'] [1'',3,2,2'] [4''...] (the 4- and 6-token documents continue on the next row)
+"""
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import replace
+from typing import Any, Iterable, Mapping
+
+import numpy as np
+
+from ..records import INPUT_IDS, Flush, Row, doc_tail
+from .base import Accumulator, LaneContext
+
+PACK_ALGORITHMS = ("best_fit", "first_fit", "wrap")
+
+
+class Pack(Accumulator):
+    """Turns documents into rows of ``seq_len`` tokens (see the module docstring).
+
+    ``fields``: the per-token fields to pack, ``{name: (dtype, default)}`` with ``input_ids`` first (the
+    pipeline collects them from what its operators produce); every other field of a document is a payload
+    that travels with it. ``ctx.carry``: leading tokens to drop, the ``carry`` of the sentinel a
+    resumed lane restarts at.
+    """
+
+    kind = "pack"
+
+    def __init__(self, ctx: LaneContext, seq_len: int, algorithm: str = "best_fit", max_open_bins: int = 16,
+                 fields: Mapping[str, tuple[Any, Any]] | None = None) -> None:
+        if algorithm not in PACK_ALGORITHMS:
+            raise ValueError(f"pack(algorithm={algorithm!r}): use one of {PACK_ALGORITHMS}")
+        if ctx.carry < 0:
+            raise ValueError(f"carry must be >= 0, got {ctx.carry}")
+        super().__init__("pack")
+        self.seq_len, self.algorithm = seq_len, algorithm
+        self.max_open = 1 if algorithm == "wrap" else max_open_bins
+        self.fields = dict(fields or {INPUT_IDS: (np.int32, 0)})
+        self._names = tuple(self.fields)
+        assert self._names[0] == INPUT_IDS
+        self._defaults = {k: d for k, (_, d) in self.fields.items()}
+        self._fieldset = frozenset(self.fields)
+        self._place = {"best_fit": self._best_fit, "first_fit": self._first_fit, "wrap": self._wrap}[algorithm]
+        self._bins: list[Row] = []  # in opening order
+        self._out: deque = deque()
+        self._skip = ctx.carry
+        self._held: Row | None = None  # part-filled last row of the segment before a sentinel
+        self._held_flush: Flush | None = None
+        self._taken = 0  # tokens of the new segment already put into the held row
+
+    def describe(self) -> dict[str, Any]:
+        return {"op": self.kind, "seq_len": self.seq_len, "algorithm": self.algorithm,
+                "max_open_bins": self.max_open if self.algorithm != "wrap" else None}
+
+    # -- emission -------------------------------------------------------------------------------
+    def _new_bin(self) -> Row:
+        if len(self._names) == 1:
+            row = Row(self.seq_len)
+        else:
+            row = Row(self.seq_len, {k: np.empty(self.seq_len, dtype=dt) for k, (dt, _) in self.fields.items()})
+        self._bins.append(row)
+        return row
+
+    def _emit(self, row: Row, flushed: bool = False) -> None:
+        row.flushed = flushed
+        self._out.append(row)
+
+    def _evict_fullest(self) -> None:
+        j = min(range(len(self._bins)), key=lambda k: self._bins[k].free)
+        self._emit(self._bins.pop(j))
+
+    def _put(self, j: int, doc: Mapping[str, Any], a: int, b: int, tail: int) -> None:
+        row = self._bins[j]
+        row.add(doc, a, b, tail, self._names, self._defaults, self._fieldset)
+        if row.free == 0:
+            self._emit(self._bins.pop(j))
+
+    # -- algorithms: place tokens [a, b) of a document whose last label is ``tail`` -----------------
+    def _best_fit(self, doc: Mapping[str, Any], a: int, b: int, tail: int) -> None:
+        n, best, best_free = b - a, -1, self.seq_len + 1
+        for j, row in enumerate(self._bins):
+            free = row.free
+            if n <= free < best_free:
+                best, best_free = j, free
+                if free == n:  # an exact fit: no bin is tighter, and later ties lose to this one
+                    break
+        if best >= 0:  # straight to _put: this runs once per document
+            self._put(best, doc, a, b, tail)
+        else:
+            self._place_or_open(best, doc, a, b, tail)
+
+    def _first_fit(self, doc: Mapping[str, Any], a: int, b: int, tail: int) -> None:
+        n = b - a
+        first = next((j for j, row in enumerate(self._bins) if row.free >= n), -1)
+        self._place_or_open(first, doc, a, b, tail)
+
+    def _place_or_open(self, j: int, doc: Mapping[str, Any], a: int, b: int, tail: int) -> None:
+        if j < 0:
+            if len(self._bins) >= self.max_open:
+                self._evict_fullest()
+            self._new_bin()
+            j = len(self._bins) - 1
+        self._put(j, doc, a, b, tail)
+
+    def _wrap(self, doc: Mapping[str, Any], a: int, n: int, tail: int) -> None:
+        tokens = doc[INPUT_IDS]
+        while a < n:
+            row = self._bins[0] if self._bins else self._new_bin()
+            b = min(n, a + row.free)
+            self._put(0, doc, a, b, int(tokens[b]) if b < n else tail)
+            a = b
+
+    def _flush_bins(self) -> Row | None:
+        """Wrap the open bins' pieces into rows; emit the full ones, return the part-filled last one."""
+        bins, self._bins = self._bins, []
+        if self.algorithm == "wrap" or len(bins) <= 1:
+            self._bins = bins
+        else:
+            for piece in (seg for row in bins for seg in row.segments()):
+                self._wrap(piece, 0, len(piece[INPUT_IDS]), piece.tail)
+        last = self._bins.pop() if self._bins else None
+        assert not self._bins
+        return last
+
+    def _release(self) -> None:
+        """Emit the held row (padded if still part-filled) and forward its sentinel with the carry."""
+        self._emit(self._held, flushed=True)
+        self._out.append(replace(self._held_flush, carry=self._taken))
+        self._held, self._held_flush, self._taken = None, None, 0
+
+    def _top_up(self, doc: Mapping[str, Any], tail: int) -> None:
+        row, n = self._held, len(doc[INPUT_IDS])
+        k = min(n, row.free)
+        row.add(doc, 0, k, int(doc[INPUT_IDS][k]) if k < n else tail, self._names, self._defaults, self._fieldset)
+        self._taken += k
+        if row.free == 0:
+            self._release()
+            if k < n:
+                self._place(doc, k, n, tail)
+
+    # -- the accumulator contract ---------------------------------------------------------------------
+    def push(self, doc: Mapping[str, Any]) -> Iterable[Any]:
+        tail = doc_tail(doc)
+        if self._skip:
+            n = len(doc[INPUT_IDS])
+            if n <= self._skip:
+                self._skip -= n
+            else:
+                a, self._skip = self._skip, 0
+                self._place(doc, a, n, tail)
+        elif self._held is not None:
+            self._top_up(doc, tail)
+        else:
+            self._place(doc, 0, len(doc[INPUT_IDS]), tail)
+        out, self._out = self._out, deque()
+        return out
+
+    def on_flush(self, flush: Flush) -> Iterable[Any]:
+        """Emit what the bins hold, wrapped; hold the part-filled last row (and the sentinel) for the
+        next segment's first tokens."""
+        if self._skip:
+            raise RuntimeError(
+                f"a flush sentinel (#{flush.index}) arrived while {self._skip} tokens carried over from the "
+                "checkpoint's last sentinel were still to be skipped: the sources now hold different data than when "
+                "the checkpoint was written (files changed or re-tokenized), or the state's carry was edited. "
+                "Resume on the same data, from the state as it was written.")
+        if self._held is not None:  # the segment ended before the held row filled: pad it now
+            self._release()
+        last = self._flush_bins()
+        if last is None:
+            self._out.append(flush)
+        else:
+            self._held, self._held_flush, self._taken = last, flush, 0
+        out, self._out = self._out, deque()
+        return out
+
+    def flush(self) -> Iterable[Any]:
+        """Everything held, the last row padded: the end of a finite stream, where no next segment can
+        top it up. A sentinel held with its row comes out after that row, as at a flush."""
+        if self._held is not None:
+            self._release()
+        last = self._flush_bins()
+        if last is not None:
+            self._emit(last, flushed=True)
+        out, self._out = self._out, deque()
+        return out

@@ -1,0 +1,49 @@
+"""``shuffle``: a seeded per-lane shuffle buffer that drains at every flush sentinel.
+
+The buffer holds up to ``size`` records; once full, each new record replaces a uniformly chosen one,
+which is emitted. At a sentinel the buffer drains in random order. The generator is seeded by
+(seed, lane, segment) only and reseeded for each segment, so a lane rebuilt at a sentinel draws the
+same numbers as the original did. The shuffle's window is therefore ``size`` records within one
+segment (between two sentinels): a record never moves across a sentinel.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+from .base import Accumulator, LaneContext
+
+PURPOSE = 0x5348  # separates shuffle draws from any other use of (seed, lane, segment)
+
+
+class Shuffle(Accumulator):
+    """Emits records in a seeded random order within a window of ``size`` records."""
+
+    kind = "shuffle"
+
+    def __init__(self, ctx: LaneContext, size: int) -> None:
+        super().__init__("shuffle")
+        self.ctx, self.size = ctx, size
+        self._buf: list[Any] = []
+        self._rng = ctx.rng(PURPOSE)
+
+    def describe(self) -> dict[str, Any]:
+        return {"op": self.kind, "buffer": self.size}
+
+    def _pop_random(self) -> Any:
+        buf = self._buf
+        j = int(self._rng.integers(len(buf)))
+        buf[j], buf[-1] = buf[-1], buf[j]
+        return buf.pop()
+
+    def push(self, record: Any) -> Iterable[Any]:
+        self._buf.append(record)
+        if len(self._buf) > self.size:
+            return (self._pop_random(),)
+        return ()
+
+    def flush(self) -> Iterable[Any]:
+        out = [self._pop_random() for _ in range(len(self._buf))]
+        self.ctx = self.ctx.after_flush()
+        self._rng = self.ctx.rng(PURPOSE)
+        return out

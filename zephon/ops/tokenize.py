@@ -1,0 +1,170 @@
+"""``tokenize``: text (or token ids already stored) to documents, one tokenizer call per chunk.
+
+The tokenizer is called once per chunk with all its texts (``Tokenizer.encode``: a batched call into
+the backend, BOS/EOS framed with numpy). Null, empty and whitespace-only texts are skipped and counted
+(``blank_records``), and so are texts that tokenize to nothing (``empty_records``). A field that holds
+token-id lists (a pre-tokenized source: a list column in Parquet or Vortex, an array column in MDS or
+LitData) is framed the same way without calling the tokenizer; an id outside the vocabulary is an
+error naming the file and the row.
+
+The output is a document: ``input_ids`` (int32) as a per-token field, the other fields kept as
+per-document payloads; the text field itself is dropped unless ``keep_field=True``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from dataclasses import replace
+from typing import Any, Sequence
+
+import numpy as np
+
+from ..readers.base import SourceError
+from ..records import INPUT_IDS, Chunk, Doc, TokenColumn
+from ..recipe import TokenizerSpec
+from ..tokenization import Tokenizer, load_tokenizer
+from .base import Transform
+
+_TOKENIZERS: dict[tuple, Tokenizer] = {}
+_LOCK = threading.Lock()
+
+
+def shared_tokenizer(spec: TokenizerSpec) -> Tokenizer:
+    """One loaded tokenizer per spec and process, shared by every lane and operator that uses it."""
+    key = tuple(sorted(vars(spec).items()))
+    with _LOCK:
+        tok = _TOKENIZERS.get(key)
+    if tok is None:
+        tok = load_tokenizer(spec)
+        with _LOCK:
+            tok = _TOKENIZERS.setdefault(key, tok)
+    return tok
+
+
+def file_digest(path: str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()[:16]
+
+
+def tokenizer_description(spec: TokenizerSpec) -> dict[str, Any]:
+    """What decides a tokenizer's ids: its kind, file digest and framing options (fingerprinted)."""
+    return {"kind": spec.kind, "sha256": file_digest(spec.path), "add_eos": spec.add_eos, "add_bos": spec.add_bos,
+            "eos_token": spec.eos_token, "bos_token": spec.bos_token, "pad_id": spec.pad_id, "pat_str": spec.pat_str}
+
+
+class Tokenize(Transform):
+    """Tokenize ``field`` of every record into ``input_ids`` (see the module docstring)."""
+
+    kind = "tokenize"
+
+    def __init__(self, tokenizer: TokenizerSpec, field: str = "text", add_eos: bool | None = None,
+                 add_bos: bool | None = None, keep_field: bool = False, name: str | None = None,
+                 sources: Sequence[str] | None = None, executor: str | None = None) -> None:
+        super().__init__(name, sources, executor)
+        changes = {k: v for k, v in (("add_eos", add_eos), ("add_bos", add_bos)) if v is not None}
+        self.spec = replace(tokenizer, **changes) if changes else tokenizer
+        self.field, self.keep_field = field, keep_field
+        self._tok: Tokenizer | None = None
+
+    def describe(self) -> dict[str, Any]:
+        d = {**super().describe(), "field": self.field, "tokenizer": tokenizer_description(self.spec)}
+        if self.keep_field:
+            d["keep_field"] = True
+        return d
+
+    @property
+    def tokenizer(self) -> Tokenizer:
+        if self._tok is None:
+            self._tok = shared_tokenizer(self.spec)
+        return self._tok
+
+    def setup(self) -> None:
+        self.tokenizer  # noqa: B018 - load now, not on the first chunk
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_tok": None}  # workers load their own
+
+    # -- chunks ----------------------------------------------------------------------------------------
+    def apply(self, chunk: Chunk) -> Chunk:
+        if INPUT_IDS in chunk.token_fields:
+            raise SourceError(f"operator '{self.name}': the records of source {chunk.source} are already tokenized "
+                              f"({chunk.path}); tokenize each source once (use sources=[...] to pick them).")
+        column = chunk.columns.get(self.field)
+        if column is None and self.field not in chunk.columns:
+            raise SourceError(f"operator '{self.name}': records of {chunk.path} have no field '{self.field}' "
+                              f"(fields: {', '.join(chunk.columns) or 'none'}). Set tokenize(field=...) to the "
+                              f"field that holds the text, or read that column from the source.")
+        if isinstance(column, TokenColumn):
+            tokens, offsets, keep = self._frame(chunk, column)
+        else:
+            tokens, offsets, keep = self._encode(chunk, column)
+        out = chunk.select(keep)
+        if not self.keep_field:
+            out.columns = {k: v for k, v in out.columns.items() if k != self.field}
+        out.token_fields = {INPUT_IDS: tokens}
+        out.offsets = offsets
+        return out
+
+    def _encode(self, chunk: Chunk, texts: list) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        keep = []
+        for k, t in enumerate(texts):
+            if t is None or t == "" or (isinstance(t, str) and t.isspace()):
+                continue
+            if not isinstance(t, str):
+                raise SourceError(f"operator '{self.name}': field '{self.field}' of {chunk.where(k)} holds "
+                                  f"{type(t).__name__}, not text. Point tokenize(field=...) at a text field.")
+            keep.append(k)
+        chunk.count("blank_records", len(texts) - len(keep))
+        tokens, offsets = self.tokenizer.encode([texts[k] for k in keep])
+        kept = np.asarray(keep, dtype=np.int64)
+        lengths = np.diff(offsets)
+        if len(lengths) and not lengths.all():  # documents that tokenize to nothing
+            nz = lengths > 0
+            chunk.count("empty_records", int((~nz).sum()))
+            tokens = np.concatenate([tokens[a:b] for a, b, k in zip(offsets[:-1], offsets[1:], nz) if k]) \
+                if nz.any() else np.zeros(0, np.int32)
+            offsets = np.concatenate([[0], np.cumsum(lengths[nz])]).astype(np.int64)
+            kept = kept[nz]
+        return tokens, offsets, kept
+
+    def _frame(self, chunk: Chunk, rows: TokenColumn) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        tok = self.tokenizer
+        lengths = np.diff(rows.offsets)
+        keep = lengths > 0
+        if rows.valid is not None:
+            keep &= rows.valid
+        chunk.count("blank_records", int((~keep).sum()))
+        values = rows.values if keep.all() else rows.values[np.repeat(keep, lengths)]
+        kept_lengths = lengths[keep]
+        if len(values):
+            lo, hi = values.min(), values.max()
+            if lo < 0 or hi >= tok.vocab_size:
+                bad = int(np.flatnonzero((values < 0) | (values >= tok.vocab_size))[0])
+                k = int(np.searchsorted(np.cumsum(kept_lengths), bad, side="right"))
+                row = int(np.flatnonzero(keep)[k])
+                raise SourceError(f"{chunk.where(row)}: token id {int(values[bad])} in field '{self.field}' is "
+                                  f"outside the tokenizer's vocabulary [0, {tok.vocab_size}) ({tok.spec.path}). The "
+                                  f"rows were tokenized with another tokenizer: re-tokenize them or point the "
+                                  f"pipeline at the tokenizer that made them.")
+        tokens, offsets = tok.frame(values.astype(np.int32, copy=False), kept_lengths.astype(np.int64))
+        return tokens, offsets, np.flatnonzero(keep)
+
+    # -- records in a lane -----------------------------------------------------------------------------
+    def apply_records(self, records: list[Any]) -> list[Any]:
+        texts = [r.get(self.field) for r in records]
+        keep = [k for k, t in enumerate(texts) if isinstance(t, str) and t and not t.isspace()]
+        tokens, offsets = self.tokenizer.encode([texts[k] for k in keep])
+        out = []
+        for j, k in enumerate(keep):
+            a, b = int(offsets[j]), int(offsets[j + 1])
+            if b > a:
+                rec = records[k]
+                doc = Doc({n: v for n, v in rec.items() if n != self.field or self.keep_field},
+                          getattr(rec, "tail", -100), getattr(rec, "source", -1))
+                doc[INPUT_IDS] = tokens[a:b]
+                out.append(doc)
+        return out

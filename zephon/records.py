@@ -1,0 +1,344 @@
+"""What flows through a pipeline: records, documents, chunks of records, packed rows, sentinels.
+
+- A **record** is a dict of named fields: ``str``, ``bytes``, numpy arrays, scalars, lists, nested
+  dicts. Readers yield the columns a source asks for; stateless transforms map records to records.
+- A **document** (:class:`Doc`) is a record after tokenization: a dict whose *per-token* fields
+  (``input_ids`` and any others the pipeline declares, e.g. ``loss_mask``) are 1-D arrays of one
+  common length, and whose other fields are per-document payloads (a URL, images...). It also knows
+  the label of its last position (``tail``: ``IGNORE`` at a document's end, the next token when a
+  long document was split and goes on in the next piece) and which source it came from.
+- A **chunk** (:class:`Chunk`) is the unit of stateless work: the records of one read task, kept
+  columnar (one list or array per field; per-token fields flat with shared offsets), so that a
+  tokenizer, a codec or numpy is called once per chunk, not once per record. Each record carries its
+  *resume point*, the reader position to restart from just after it (see :class:`Chunk`).
+- A **row** (:class:`Row`) is one packed sequence: every per-token field of its documents side by
+  side, their lengths and tail labels, and their payloads.
+- A **sentinel** (:class:`Flush`) marks a point of a lane's stream after which every operator is as
+  if freshly built; it carries the reader positions there.
+
+Worked example: a chunk of two JSONL lines ``{"text": "a b c", "url": "u1"}`` and
+``{"text": "d", "url": "u2"}`` read from bytes ``[0, 40)``, after ``tokenize`` (EOS id 2)::
+
+    columns      = {"url": ["u1", "u2"]}
+    token_fields = {"input_ids": [5, 6, 7, 2, 8, 2]}, offsets = [0, 4, 6]
+    resume       = cursors [29, 40], skips [0, 0]        # restart after line 1 at byte 29
+    tails        = [-100, -100]
+
+``split(max_tokens=3)`` then makes three documents: ``[5, 6, 7]`` (tail 2, resume ``(0, 1)``: re-read
+from byte 0 and skip one output), ``[2]`` (resume ``(29, 0)``) and ``[8, 2]``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any, Iterator, Mapping, Sequence
+
+import numpy as np
+
+IGNORE = -100  # label value where no loss is due (PyTorch's cross-entropy ignore_index)
+INPUT_IDS = "input_ids"
+LOSS_MASK = "loss_mask"
+
+
+class Doc(dict):
+    """A document in a lane: a dict of fields, plus its last label (``tail``) and its source index.
+
+    ``Doc`` is a plain ``dict`` to every operator; ``copy()`` keeps ``tail`` and ``source``. A record
+    rebuilt as a new ``dict`` (``{**doc, ...}``) is still accepted downstream, with ``tail`` taken as
+    ``IGNORE`` (a document end) and no source.
+    """
+
+    __slots__ = ("tail", "source")
+
+    def __init__(self, fields: Mapping[str, Any] = (), tail: int = IGNORE, source: int = -1) -> None:
+        super().__init__(fields)
+        self.tail = tail
+        self.source = source
+
+    def copy(self) -> "Doc":
+        return Doc(self, self.tail, self.source)
+
+    def __repr__(self) -> str:
+        inner = ", ".join(f"{k}={_short(v)}" for k, v in self.items())
+        return f"Doc({inner}, tail={self.tail}, source={self.source})"
+
+
+def _short(v: Any) -> str:
+    if isinstance(v, np.ndarray):
+        return f"array({v.dtype}[{len(v)}])" if v.ndim == 1 else f"array({v.dtype}{list(v.shape)})"
+    text = repr(v)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def doc_tail(record: Any) -> int:
+    return getattr(record, "tail", IGNORE)
+
+
+def doc_source(record: Any) -> int:
+    return getattr(record, "source", -1)
+
+
+def doc_length(record: Mapping[str, Any]) -> int:
+    """Tokens of a document (the length of its ``input_ids``)."""
+    return len(record[INPUT_IDS])
+
+
+def cut_doc(doc: Mapping[str, Any], k: int, token_fields: Sequence[str]) -> tuple[Doc, Doc]:
+    """Split a document after its ``k``-th token: the head's tail label is the next token (the
+    document goes on), the rest keeps the original tail. Payloads go with both pieces."""
+    head, rest = Doc(doc, int(doc[INPUT_IDS][k]), doc_source(doc)), Doc(doc, doc_tail(doc), doc_source(doc))
+    for name in token_fields:
+        if name in doc:
+            values = doc[name]
+            head[name], rest[name] = values[:k], values[k:]
+    return head, rest
+
+
+@dataclass
+class TokenColumn:
+    """A column of token-id lists as one flat array plus offsets (pre-tokenized sources).
+
+    Row ``k`` holds ``values[offsets[k]:offsets[k+1]]``; a null row has ``valid[k] = False``.
+    """
+
+    values: np.ndarray  # integer [T]
+    offsets: np.ndarray  # int64 [n+1], offsets[0] == 0
+    valid: np.ndarray | None = None  # bool [n]; None: no null rows
+
+    def __len__(self) -> int:
+        return len(self.offsets) - 1
+
+    def __getitem__(self, k: int) -> np.ndarray | None:
+        if self.valid is not None and not self.valid[k]:
+            return None
+        return self.values[int(self.offsets[k]):int(self.offsets[k + 1])]
+
+    def take(self, keep: np.ndarray) -> "TokenColumn":
+        """The rows at the (sorted) indices ``keep``."""
+        lengths = np.diff(self.offsets)
+        mask = np.zeros(len(lengths), dtype=bool)
+        mask[keep] = True
+        values = self.values[np.repeat(mask, lengths)]
+        offsets = np.zeros(len(keep) + 1, dtype=np.int64)
+        np.cumsum(lengths[keep], out=offsets[1:])
+        return TokenColumn(values, offsets, None if self.valid is None else self.valid[keep])
+
+    def to_pylist(self) -> list[np.ndarray | None]:
+        return [None if self.valid is not None and not self.valid[k] else self.values[a:b]
+                for k, (a, b) in enumerate(zip(self.offsets[:-1].tolist(), self.offsets[1:].tolist()))]
+
+
+def _take(column: Any, keep: np.ndarray) -> Any:
+    if isinstance(column, np.ndarray):
+        return column[keep]
+    if isinstance(column, TokenColumn):
+        return column.take(keep)
+    return [column[i] for i in keep.tolist()]
+
+
+@dataclass
+class Chunk:
+    """The records of one read task of one source, columnar, with what the lane needs to track them.
+
+    ``columns`` holds per-record fields (lists, arrays or :class:`TokenColumn`), ``token_fields`` the
+    per-token fields of documents (flat, sharing ``offsets``; empty before tokenization).
+
+    Resume points: after record ``j`` the reader restarts at ``resume_cursor[j]`` and drops the first
+    ``resume_skip[j]`` records that the stateless operators make from there. A record that is a whole
+    input record (or its last piece) resumes at the reader's cursor after it with skip 0; the ``i``-th
+    of several pieces made from one input record resumes where its predecessor did, skipping one more.
+    Operators that turn one record into several (``flat_map``, ``split``) keep this rule
+    (:meth:`expand`), which is what lets a lane checkpoint between two pieces of one document.
+    """
+
+    source: int
+    unit_seq: int
+    unit_end: bool
+    start_cursor: int
+    end_cursor: int
+    path: str
+    columns: dict[str, Any]
+    resume_cursor: np.ndarray  # int64 [n]
+    resume_skip: np.ndarray  # int64 [n]
+    raw_records: int = 0
+    skipped: int = 0  # records dropped by the stateless operators (blank, filtered, failed, empty)
+    token_fields: dict[str, np.ndarray] = field(default_factory=dict)
+    offsets: np.ndarray | None = None  # int64 [n+1] when token_fields is not empty
+    tails: np.ndarray | None = None  # int64 [n]; None: all IGNORE
+    counts: dict[str, int] = field(default_factory=dict)  # named counters of the stateless work
+    coord: str = "record"  # what a cursor counts in this source ("row", "byte", "line"), for messages
+    skip_pending: int = 0  # records a resumed lane already delivered: dropped after the last stage
+
+    @property
+    def n(self) -> int:
+        return len(self.resume_cursor)
+
+    def count(self, name: str, k: int = 1) -> None:
+        if k:
+            self.counts[name] = self.counts.get(name, 0) + k
+
+    def record_cursor(self, j: int) -> int:
+        """The reader cursor where record ``j`` starts (for messages naming a row or byte)."""
+        return int(self.resume_cursor[j - 1]) if j else self.start_cursor
+
+    def where(self, j: int) -> str:
+        """``"<path>, row 12"``: where record ``j`` comes from, for error messages."""
+        return f"{self.path}, {self.coord} {self.record_cursor(j)}"
+
+    # -- selection and expansion ------------------------------------------------------------------
+    def select(self, keep: np.ndarray) -> "Chunk":
+        """Only the records at the sorted indices ``keep`` (dropped ones are counted as skipped)."""
+        keep = np.asarray(keep, dtype=np.int64)
+        if len(keep) == self.n:
+            return self
+        tf, offsets = self.token_fields, self.offsets
+        if tf:
+            assert offsets is not None
+            lengths = np.diff(offsets)
+            mask = np.zeros(self.n, dtype=bool)
+            mask[keep] = True
+            per_token = np.repeat(mask, lengths)
+            tf = {k: v[per_token] for k, v in tf.items()}
+            offsets = np.zeros(len(keep) + 1, dtype=np.int64)
+            np.cumsum(lengths[keep], out=offsets[1:])
+        return replace(self, columns={k: _take(v, keep) for k, v in self.columns.items()},
+                       resume_cursor=self.resume_cursor[keep], resume_skip=self.resume_skip[keep],
+                       skipped=self.skipped + self.n - len(keep), token_fields=tf, offsets=offsets,
+                       tails=None if self.tails is None else self.tails[keep])
+
+    def expand(self, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Resume points of the records made when record ``j`` becomes ``counts[j]`` records.
+
+        Returns ``(resume_cursor, resume_skip)`` for the new records, in order. A record that makes no
+        output is dropped (its successors then resume from the cursor before it, which re-reads it and
+        finds it makes nothing, so the rule still holds).
+        """
+        counts = np.asarray(counts, dtype=np.int64)
+        total = int(counts.sum())
+        cursor = np.empty(total, dtype=np.int64)
+        skip = np.empty(total, dtype=np.int64)
+        prev_c, prev_s = self.start_cursor, 0
+        pos = 0
+        rc, rs = self.resume_cursor.tolist(), self.resume_skip.tolist()
+        for j, k in enumerate(counts.tolist()):
+            if k:
+                cursor[pos:pos + k - 1] = prev_c
+                skip[pos:pos + k - 1] = prev_s + np.arange(1, k, dtype=np.int64)
+                cursor[pos + k - 1], skip[pos + k - 1] = rc[j], rs[j]
+                pos += k
+            prev_c, prev_s = (rc[j], rs[j]) if k else (prev_c, prev_s)
+        return cursor, skip
+
+    # -- records view (for per-record operators) ---------------------------------------------------
+    def records(self) -> list[dict[str, Any]]:
+        """The chunk as a list of record dicts (per-token fields as array views)."""
+        names = list(self.columns)
+        cols = [self.columns[k].to_pylist() if isinstance(self.columns[k], TokenColumn) else self.columns[k]
+                for k in names]
+        out = [dict(zip(names, values)) for values in zip(*cols)] if names else [{} for _ in range(self.n)]
+        if self.token_fields:
+            assert self.offsets is not None
+            bounds = list(zip(self.offsets[:-1].tolist(), self.offsets[1:].tolist()))
+            for name, flat in self.token_fields.items():
+                for rec, (a, b) in zip(out, bounds):
+                    rec[name] = flat[a:b]
+        return out
+
+    def docs(self) -> Iterator[Doc]:
+        """The chunk's documents as :class:`Doc` objects (tail labels and source index attached)."""
+        tails = self.tails.tolist() if self.tails is not None else None
+        for j, rec in enumerate(self.records()):
+            yield Doc(rec, IGNORE if tails is None else tails[j], self.source)
+
+
+def columns_from_records(records: Sequence[Mapping[str, Any]], token_fields: Sequence[str] = ()
+                         ) -> tuple[dict[str, Any], dict[str, np.ndarray], np.ndarray | None]:
+    """Records back to columns: ``(columns, token_fields, offsets)``. Keys are the union in order of
+    first appearance (a record without a key gets ``None``); ``token_fields`` present in the records
+    are concatenated with shared offsets."""
+    keys: dict[str, None] = {}
+    for rec in records:
+        for k in rec:
+            keys.setdefault(k, None)
+    tnames = [k for k in keys if k in token_fields]
+    columns = {k: [rec.get(k) for rec in records] for k in keys if k not in token_fields}
+    if not tnames:
+        return columns, {}, None
+    lengths = np.fromiter((len(rec[INPUT_IDS]) if INPUT_IDS in rec else len(rec[tnames[0]]) for rec in records),
+                          dtype=np.int64, count=len(records))
+    offsets = np.zeros(len(records) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    tf = {}
+    for name in tnames:
+        parts = [np.asarray(rec[name]) for rec in records]
+        tf[name] = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int32)
+    return columns, tf, offsets
+
+
+@dataclass(frozen=True)
+class Flush:
+    """Sentinel: every operator emits what it holds for the lane, then forwards it.
+
+    ``index`` counts the lane's sentinels (the segment that starts after this one); ``positions`` is
+    where each source's reader stands there, ``(unit_seq, cursor, skip)`` per source index. ``carry`` is
+    set by an accumulator that tops up its last output with the first tokens after the sentinel (the
+    packer): how many it took. A lane rebuilt from ``(index, positions, carry)`` produces exactly what
+    the original lane produced after the sentinel.
+    """
+
+    index: int
+    positions: tuple[tuple[int, int, int], ...]
+    carry: int = 0
+
+
+class Row:
+    """One packed row of at most ``seq_len`` tokens: every per-token field side by side, the lengths,
+    tail labels and payloads of its documents (pieces)."""
+
+    __slots__ = ("buffers", "tokens", "fill", "free", "seg_lens", "tails", "payloads", "flushed")
+
+    def __init__(self, seq_len: int, buffers: dict[str, np.ndarray] | None = None) -> None:
+        self.buffers = buffers if buffers is not None else {INPUT_IDS: np.empty(seq_len, dtype=np.int32)}
+        self.tokens = self.buffers[INPUT_IDS]
+        self.fill = 0
+        self.free = seq_len
+        self.seg_lens: list[int] = []
+        self.tails: list[int] = []
+        self.payloads: list[dict[str, Any]] | None = None
+        self.flushed = False  # closed by a flush sentinel (its padding is a sentinel cost)
+
+    def add(self, doc: Mapping[str, Any], a: int, b: int, tail: int, fields: Sequence[str] = (INPUT_IDS,),
+            defaults: Mapping[str, Any] | None = None, fieldset: frozenset = frozenset((INPUT_IDS,))) -> None:
+        """Append tokens ``[a, b)`` of a document (a piece of it, or all): every per-token field in
+        ``fields`` (``input_ids`` first) at ``fill``; its other fields (``fieldset``: the per-token
+        ones) are its payload, kept aside; ``tail`` is the label of its last position."""
+        n = b - a
+        f = self.fill
+        self.tokens[f:f + n] = doc[INPUT_IDS][a:b]
+        for name in fields[1:]:
+            buf = self.buffers[name]
+            if name in doc:
+                buf[f:f + n] = doc[name][a:b]
+            else:
+                buf[f:f + n] = defaults[name]  # type: ignore[index]
+        self.fill = f + n
+        self.free -= n
+        self.seg_lens.append(n)
+        self.tails.append(tail)
+        if len(doc) > 1 or self.payloads is not None:  # a text document has input_ids alone: no payload
+            payload = {k: v for k, v in doc.items() if k not in fieldset}
+            if payload and self.payloads is None:
+                self.payloads = [{} for _ in range(len(self.seg_lens) - 1)]
+            if self.payloads is not None:
+                self.payloads.append(payload)
+
+    def segments(self) -> list[Doc]:
+        """The row's pieces as documents (views of its buffers), in row order."""
+        out, a = [], 0
+        for i, (n, tail) in enumerate(zip(self.seg_lens, self.tails)):
+            doc = Doc(self.payloads[i] if self.payloads else (), tail)
+            for name, buf in self.buffers.items():
+                doc[name] = buf[a:a + n]
+            out.append(doc)
+            a += n
+        return out

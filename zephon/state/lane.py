@@ -1,0 +1,121 @@
+"""A lane's resumable state, and the checks that make an edited or corrupted one a clear error.
+
+:class:`LaneState` is where the lane's last flush sentinel before its last delivered row stood:
+
+- ``sentinels``: how many sentinels the lane had passed there (its segment number);
+- ``positions``: per source name, ``[unit_seq, cursor, skip]`` of its reader: the lane's ``unit_seq``-th
+  unit of that source, the reader cursor inside it (-1: the unit's start) and how many records the
+  stateless operators make from that cursor were already taken (pieces of a split document, outputs
+  of a flat_map);
+- ``rows_since_flush``: rows of this lane delivered after that sentinel;
+- ``carry``: tokens after that sentinel that went into the row before it (the packer's top-up).
+
+A state is untrusted input: :func:`parse_lane_state` checks every field's type and range, and each
+position against the work plan (the unit exists for this lane; the cursor lies inside it). What can only
+be checked against the data is checked while the lane replays: the cursor must be a record boundary and
+the skip must fall between two records made from it (:mod:`zephon.engine.stages`), ``rows_since_flush``
+rows must exist before the next sentinel, and ``carry`` tokens before it too.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
+
+MAX_INT = 2 ** 53  # integers in a state stay exact in any JSON reader
+
+
+class StateError(ValueError):
+    """A checkpoint that cannot be loaded here; the message says why and what to do."""
+
+
+@dataclass(frozen=True)
+class LaneState:
+    """A lane's resumable state (see the module docstring)."""
+
+    sentinels: int
+    positions: dict[str, tuple[int, int, int]]
+    rows_since_flush: int
+    carry: int = 0
+    events: tuple = field(default=())  # mixture interventions in force (zephon.ops.schedule), oldest first
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"sentinels": self.sentinels,
+                               "positions": {k: list(v) for k, v in self.positions.items()},
+                               "rows_since_flush": self.rows_since_flush, "carry": self.carry}
+        if self.events:
+            out["events"] = [list(e) for e in self.events]
+        return out
+
+    @staticmethod
+    def initial(names: Sequence[str]) -> "LaneState":
+        return LaneState(0, {n: (0, -1, 0) for n in names}, 0)
+
+
+def _int(value: Any, where: str, lo: int, hi: int = MAX_INT) -> int:
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise StateError(f"{where} must be an integer, got {type(value).__name__} {value!r:.40}")
+    if not lo <= value < hi:
+        raise StateError(f"{where} = {value} is outside [{lo}, {hi})")
+    return value
+
+
+_KEYS = {"sentinels", "positions", "rows_since_flush", "carry"}
+
+
+def parse_lane_state(d: Any, lane: int, names: Sequence[str], max_carry: int, plan: Any = None) -> LaneState:
+    """A :class:`LaneState` from its dict, every field type- and range-checked (``plan``: also check each
+    position against the lane's units). Raises :class:`StateError` naming the lane and the field."""
+    where = f"lane {lane}"
+    if not isinstance(d, Mapping):
+        raise StateError(f"{where}: a lane state must be an object {{sentinels, positions, rows_since_flush, carry}}, "
+                         f"got {type(d).__name__}")
+    unknown = set(d) - _KEYS - {"events", "digest"}
+    missing = _KEYS - set(d)
+    if unknown or missing:
+        raise StateError(f"{where}: the lane state has " + "; ".join(
+            ([f"unknown fields {sorted(unknown)}"] if unknown else []) + ([f"no {sorted(missing)}"] if missing else []))
+            + ". A lane state is {sentinels, positions: {source: [unit_seq, cursor, skip]}, rows_since_flush, carry}: "
+              "pass the state exactly as state_dict() or merge_states() returned it.")
+    sentinels = _int(d["sentinels"], f"{where}: sentinels", 0)
+    rows = _int(d["rows_since_flush"], f"{where}: rows_since_flush", 0)
+    carry = _int(d["carry"], f"{where}: carry", 0, max(1, max_carry))
+    positions = d["positions"]
+    if not isinstance(positions, Mapping):
+        raise StateError(f"{where}: positions must map each source name to [unit_seq, cursor, skip]")
+    if set(positions) != set(names):
+        raise StateError(f"{where}: positions name sources {sorted(positions)}, the pipeline has {sorted(names)}")
+    parsed: dict[str, tuple[int, int, int]] = {}
+    for i, name in enumerate(names):
+        p = positions[name]
+        at = f"{where}: positions['{name}']"
+        if not isinstance(p, (list, tuple)) or len(p) != 3:
+            raise StateError(f"{at} must be [unit_seq, cursor, skip], got {p!r:.60}")
+        unit_seq = _int(p[0], f"{at}[0] (unit_seq)", 0)
+        cursor = _int(p[1], f"{at}[1] (cursor)", -1)
+        skip = _int(p[2], f"{at}[2] (skip)", 0)
+        if cursor == -1 and skip:
+            raise StateError(f"{at}: skip {skip} at the start of a unit (cursor -1) cannot happen")
+        if plan is not None and cursor >= 0:
+            _check_cursor(plan.sources[i], lane, unit_seq, cursor, at)
+        parsed[name] = (unit_seq, cursor, skip)
+    events = tuple(tuple(e) for e in d.get("events", ()))
+    return LaneState(sentinels, parsed, rows, carry, events)
+
+
+def _check_cursor(source: Any, lane: int, unit_seq: int, cursor: int, at: str) -> None:
+    """The cursor must lie inside the lane's ``unit_seq``-th unit (before its end: at the end the position
+    would be the next unit's start), at the start of a record."""
+    unit = source.lane_unit(lane, unit_seq)
+    path = source.files[unit.file]
+    bounds = source.reader.chunk_bounds(path, unit, -1)
+    lo = unit.start
+    hi = bounds[-1][1] if bounds else unit.start
+    if not lo <= cursor < hi:
+        raise StateError(f"{at}: cursor {cursor} is outside unit {unit_seq} of this lane ({path} [{lo}, {hi})). The "
+                         f"state does not belong to this data, or was edited.")
+    starts_record = getattr(source.reader, "starts_record", None)
+    if starts_record is not None and cursor != lo and not starts_record(path, cursor):  # a unit's start is one
+        raise StateError(f"{at}: cursor {cursor} is not a position a lane can stand at in {path} (a JSON Lines "
+                         f"cursor is a chunk boundary or the byte after a newline). The state does not belong to "
+                         f"this data, or was edited.")
