@@ -12,7 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from zephon import Recipe, recipe_from_dict
-from zephon.demo import stdlib_documents, train_sentencepiece, write_corpus
+from zephon.demo import train_sentencepiece, write_corpus
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 CORPUS_FILES = 70  # standard-library files mined for documents: ~2.5k documents, seconds to build

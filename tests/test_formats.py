@@ -30,6 +30,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from tests.optional import require
+
 from zephon import RecipeError, SourceError, WorkPlan, build_loader, load_tokenizer, recipe_from_dict
 from zephon.verify import global_hashes
 
@@ -120,7 +122,7 @@ _LITDATA_SCRIPT = textwrap.dedent("""
 def write_litdata(outputs: dict[Path, dict], shards: list[list[tuple[str, list[int]]]]) -> None:
     """``litdata.optimize`` (once per output folder, with these extra arguments) in one child process:
     it sets the multiprocessing start method globally, and starting it once costs seconds."""
-    pytest.importorskip("litdata")
+    require("litdata")
     work = next(iter(outputs)).parent
     work.mkdir(parents=True, exist_ok=True)
     (work / "litdata_shards.json").write_text(json.dumps(shards))

@@ -17,7 +17,7 @@ import json
 import shutil
 import sys
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 

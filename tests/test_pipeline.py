@@ -9,18 +9,15 @@ fingerprint must cover every operator, and errors must name the operator, the fi
 
 from __future__ import annotations
 
-import hashlib
 import pickle
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 import zephon as z
-from zephon import build_loader, global_digest, merge_states
+from zephon import build_loader
 from zephon.verify import global_hashes
 
-from .conftest import base_recipe_dict
 
 STEPS = 8
 

@@ -19,7 +19,7 @@ import tiktoken
 from tiktoken.load import load_tiktoken_bpe
 from tokenizers import Tokenizer as HFTokenizer
 
-from zephon import RecipeError, TokenizerSpec, WorkPlan, load_tokenizer, recipe_from_dict
+from zephon import RecipeError, TokenizerSpec, load_tokenizer, recipe_from_dict
 from zephon.tokenization import CL100K_PATTERN
 
 KINDS = ("sentencepiece", "huggingface", "tiktoken")

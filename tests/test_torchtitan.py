@@ -21,12 +21,14 @@ from typing import Any
 
 import pytest
 
+from tests.optional import require
+
 from .conftest import base_recipe_dict
 
 if os.environ.get("ZEPHON_REQUIRE_TORCHTITAN") == "1":
     import torchtitan  # noqa: F401  (CI: a missing extra is a failure, not a skip)
 else:
-    pytest.importorskip("torchtitan", reason="needs the zephon[torchtitan] extra")
+    require("torchtitan", reason="needs the zephon[torchtitan] extra")
 
 try:
     import zephon_torchtitan  # installed by the zephon[torchtitan] extra

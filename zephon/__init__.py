@@ -11,11 +11,13 @@ from .collate import HASHED_KEYS, batch_digest, collate, global_digest
 from .compile import ValidationReport
 from .loader import ZephonLoader, build_loader, lanes_of_rank
 from .ops.base import Accumulator, LaneContext, Merge, Transform
+from .ops.schedule import Schedule
 from .ops.transforms import OperatorError
 from .pipeline import Pipeline, PipelineError, tokenizer
 from .plan import WorkPlan
 from .readers import SourceError
 from .recipe import PackSpec, Recipe, RecipeError, SourceSpec, TokenizerSpec, load_recipe, recipe_from_dict
+from .recipe_steps import load_pipeline
 from .records import IGNORE, Doc, Flush
 from .state import LaneState, StateError, load_state, merge_states, save_state
 from .tokenization import Tokenizer, load_tokenizer
@@ -24,8 +26,9 @@ __version__ = "0.2.0"
 
 __all__ = [
     "Accumulator", "Doc", "Flush", "HASHED_KEYS", "IGNORE", "LaneContext", "LaneState", "Merge", "OperatorError",
-    "PackSpec", "Pipeline", "PipelineError", "Recipe", "RecipeError", "SourceError", "SourceSpec", "StateError",
+    "PackSpec", "Pipeline", "PipelineError", "Recipe", "RecipeError", "Schedule", "SourceError", "SourceSpec",
+    "StateError",
     "Tokenizer", "TokenizerSpec", "Transform", "ValidationReport", "WorkPlan", "ZephonLoader", "batch_digest",
-    "build_loader", "collate", "global_digest", "lanes_of_rank", "load_recipe", "load_state", "load_tokenizer",
+    "build_loader", "collate", "global_digest", "lanes_of_rank", "load_pipeline", "load_recipe", "load_state", "load_tokenizer",
     "merge_states", "read", "recipe_from_dict", "save_state", "tokenizer",
 ]

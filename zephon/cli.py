@@ -206,6 +206,12 @@ def cmd_demo(args: argparse.Namespace) -> int:
         size = sum(f.stat().st_size for f in files)
         _out(f"  {data / sub}/  {len(files)} files, {size / 1e6:.1f} MB, {counts.get(kind, 0)} {kind} {what}")
     _out(f"  {model}  SentencePiece BPE, vocab {args.vocab_size}, {model.stat().st_size / 1e3:.0f} kB")
+    if "vl_pairs" in counts:  # the vision-language quickstart (zephon/demo_vl.py)
+        _out(f"  {data / 'vl'}/  {counts['vl_pairs']} image-caption pairs (WebDataset), {counts['vl_docs']} interleaved "
+             f"documents with {counts['vl_doc_images']} images (Parquet), from {counts['vl_pictures']} pictures; "
+             f"{out / 'tok_vl.model'}")
+    elif "vl_skipped" in counts:
+        _out(f"  no vision-language data: {counts['vl_skipped']}")
     recipes = sorted(out.glob("*.toml"), key=lambda p: (p.name != "quickstart.toml", p.name))
     hint = recipes[0] if recipes else f"<a recipe in {out}/, e.g. a copy of recipes/quickstart.toml>"
     _out(f"next: zephon run {hint} --steps 20")
@@ -327,8 +333,10 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 # -- inspect ----------------------------------------------------------------------------------------
 def _coordinate(fmt: str, path: str) -> str:
-    if fmt in ("parquet", "vortex", "mds", "litdata"):  # rows (MDS / LitData: samples of a shard)
-        return "rows"
+    if fmt == "webdataset":
+        return "samples"  # samples of a tar shard (zephon/readers/webdataset.py)
+    if fmt in ("parquet", "vortex", "mds", "litdata", "lance", "arrow", "hf", "memory"):
+        return "rows"  # MDS / LitData: samples of a shard; Lance: rows of a fragment; Arrow, hf: rows of a file
     from .readers.jsonl import compression_of
 
     return "lines" if compression_of(path) else "bytes"
@@ -355,6 +363,7 @@ def inspect_plan(recipe_path: str, lanes_shown: int = 4, units_shown: int = 3) -
         "sources": [], "lanes_shown": [],
         "operators": [{"operator": name, "runs": where, "sources": srcs} for name, where, srcs in program.placement],
         "fingerprint": program.fingerprint,
+        "schedule": program.schedule.describe() if program.schedule is not None else None,
     }
     for sp in plan.sources:
         info["sources"].append({
@@ -408,7 +417,29 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     for o in info["operators"]:
         _out(f"  {o['operator']:<{width}}  {o['runs']}" + (f"  [{o['sources']}]" if o["sources"] not in ("-", "") else ""))
     _out(f"fingerprint {info['fingerprint']}")
+    schedule = inspect_schedule(args.recipe)
+    if schedule is not None:
+        from .schedule_view import schedule_ascii, schedule_png, schedule_table
+
+        names = [s["name"] for s in info["sources"]]
+        _out(f"mixture schedule ({schedule.interpolate}), normalised weights:")
+        for line in schedule_table(schedule, names, args.schedule_steps):
+            _out(line)
+        for line in schedule_ascii(schedule, names, args.schedule_steps):
+            _out(line)
+        if args.plot:
+            schedule_png(schedule, names, args.plot, args.schedule_steps)
+            _out(f"wrote {args.plot}")
+    elif args.plot:
+        raise CliError(f"--plot: {args.recipe} has no mixture schedule to plot")
     return EXIT_OK
+
+
+def inspect_schedule(recipe_path: str) -> Any:
+    """The recipe's mixture schedule, if it has one."""
+    from .recipe import load_recipe
+
+    return load_recipe(recipe_path).to_pipeline().compile().schedule
 
 
 # -- parser -----------------------------------------------------------------------------------------
@@ -491,6 +522,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--lanes-shown", type=_non_negative, default=4, metavar="N",
                    help="lanes whose first units are listed (default: 4)")
     p.add_argument("--json", action="store_true", help="print the same information as JSON")
+    p.add_argument("--schedule-steps", type=_positive, default=None, metavar="N",
+                   help="show the mixture schedule up to step N (default: a bit past its last waypoint)")
+    p.add_argument("--plot", metavar="PNG", help="also draw the mixture schedule into this PNG (needs matplotlib)")
     p.set_defaults(func=cmd_inspect)
     return parser
 

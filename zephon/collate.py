@@ -117,10 +117,10 @@ def global_digest(rank_batches: Sequence[Mapping[str, object]]) -> str:
     ``segment_ids``: not hashed.
     """
     h = hashlib.sha256()
-    first = rank_batches[0]
-    others = sorted(k for k in first if k not in HASHED_KEYS and k not in UNHASHED_KEYS)
+    names = {k for b in rank_batches for k in b}
+    others = sorted(k for k in names if k not in HASHED_KEYS and k not in UNHASHED_KEYS)
     for key in [*HASHED_KEYS, *others]:
-        parts = [b[key] for b in rank_batches]
+        parts = [b[key] if key in b else _no_payload(b) for b in rank_batches]
         if isinstance(parts[0], torch.Tensor):
             rows = sum(int(p.shape[0]) for p in parts)
             h.update(f"{key}:{parts[0].dtype}:{rows}x{tuple(parts[0].shape[1:])};".encode())
@@ -132,6 +132,14 @@ def global_digest(rank_batches: Sequence[Mapping[str, object]]) -> str:
                 for row in p:
                     _hash_value(h, row)
     return h.hexdigest()
+
+
+def _no_payload(batch: Mapping[str, object]) -> list[list[None]]:
+    """What :func:`collate` gives for a payload field none of a rank's documents carry: ``None`` per
+    document of each row (a rank whose rows hold only padding, at the end of finite data, has no payload
+    field at all, but the one-rank batch holding the same rows has it)."""
+    docs = batch["segment_ids"].amax(dim=1).tolist() if len(batch["segment_ids"]) else []
+    return [[None] * int(n) for n in docs]
 
 
 def _hash_value(h: "hashlib._Hash", value: object) -> None:

@@ -39,11 +39,11 @@ class CompiledPipeline(LaneProgram):
     """A :class:`LaneProgram` plus what the loader needs around it: collation and the fingerprint."""
 
     pad_id: int = 0
-    token_fields: dict[str, tuple[Any, Any]] = field(default_factory=dict)  # name -> (dtype, default)
     pad_values: dict[str, Any] = field(default_factory=dict)  # name -> value in padding positions
     summary: dict[str, Any] = field(default_factory=dict)
     fingerprint: str = ""
     placement: list[tuple[str, str, str]] = field(default_factory=list)  # (operator, where, sources) for explain
+    schedule: Any = None  # the mixture schedule, if any
 
 
 def _dtype_of(default: Any) -> Any:
@@ -74,7 +74,7 @@ def _merge_index(steps: tuple[Operator, ...]) -> int:
 
 
 def _tokenized(ops: list[Transform]) -> bool:
-    return any(op.kind in ("tokenize", "tokenize_chat") for op in ops)
+    return any(op.kind in ("tokenize", "tokenize_chat", "tokenize_images") for op in ops)
 
 
 def compile_pipeline(pipe: Pipeline, plan: WorkPlan | None = None) -> CompiledPipeline:
@@ -126,7 +126,13 @@ def compile_pipeline(pipe: Pipeline, plan: WorkPlan | None = None) -> CompiledPi
                             "(.tokenize() before .mix()), or mix(by='documents')")
     weights = [mix_step.weights[n] for n in names] if mix_step and mix_step.weights else \
         [s.weight for s in pipe.sources]
-    merge_factory = partial(_make_mix, tuple(weights), by, tuple(names))
+    schedule = mix_step.schedule if mix_step else None
+    if schedule is not None:
+        try:
+            schedule.check_sources(names)
+        except ValueError as exc:
+            raise PipelineError(f"mix(schedule=...): {exc}") from None
+    merge_factory = partial(_make_mix, tuple(weights), by, tuple(names), schedule)
     placement.append(("mix" if mix_step else "mix (implied)", "lane: the merge", ",".join(names)))
 
     # after the merge: serial, per lane
@@ -157,9 +163,10 @@ def compile_pipeline(pipe: Pipeline, plan: WorkPlan | None = None) -> CompiledPi
     compiled = CompiledPipeline(
         seed=pipe.seed, lanes=pipe.lanes, names=names, plan=plan, stages=program,
         stage_kinds=[[st.executor for st in sts] for sts in stages], merge=merge_factory, steps=lane_steps,
-        rows_per_lane=batch.rows_per_lane, flush_every=pipe.flush_every, seq_len=pack.seq_len,
+        rows_per_lane=batch.rows_per_lane, flush_every=pipe.flush_every, flush_by=pipe.flush_by, seq_len=pack.seq_len,
         max_empty_units=[2 * len(sp.units) + pipe.lanes for sp in plan.sources],
-        pad_id=pad_id, token_fields=schema, pad_values=pad_values, placement=placement)
+        finite=any(d.passes is not None for d in pipe.sources), partial=batch.partial,
+        pad_id=pad_id, token_fields=schema, pad_values=pad_values, placement=placement, schedule=schedule)
     compiled.summary = summary(pipe, plan, per_source, mix_step, weights, by, after, pack, batch)
     compiled.fingerprint = fingerprint(compiled.summary)
     return compiled
@@ -176,8 +183,8 @@ def _stages(ops: list[Transform]) -> list[Stage]:
     return out or [Stage(None, ())]
 
 
-def _make_mix(weights: tuple, by: str, names: tuple, ctx: LaneContext) -> Mix:
-    return Mix(weights, by, names)
+def _make_mix(weights: tuple, by: str, names: tuple, schedule: Any, ctx: LaneContext) -> Mix:
+    return Mix(weights, by, names, schedule, ctx.clock)
 
 
 def _make_shuffle(buffer: int, ctx: LaneContext) -> Shuffle:
@@ -197,11 +204,11 @@ def _coord(fmt: str, path: str) -> str:
         from .readers.jsonl import compression_of
 
         return "line" if compression_of(path) else "byte"
-    return "row" if fmt in ("parquet", "vortex") else "sample"
+    return "row" if fmt in ("parquet", "vortex", "lance", "arrow", "hf", "memory") else "sample"
 
 
 def _tokenizer_pad(ops: list[Operator]) -> int:
-    tok = next((op for op in ops if op.kind in ("tokenize", "tokenize_chat")), None)
+    tok = next((op for op in ops if op.kind in ("tokenize", "tokenize_chat", "tokenize_images")), None)
     return 0 if tok is None else tok.tokenizer.pad_id
 
 
@@ -212,15 +219,22 @@ def summary(pipe: Pipeline, plan: WorkPlan, per_source: list[list[Transform]], m
     sources = []
     for decl, sp, ops in zip(pipe.sources, plan.sources, per_source):
         files = "\n".join(sp.relative_files())
-        sources.append({"name": decl.name, **decl.read.describe(), "files": len(sp.files), "units": len(sp.units),
-                        "files_sha256": hashlib.sha256(files.encode()).hexdigest()[:16],
-                        "ops": [op.describe() for op in ops]})
+        entry = {"name": decl.name, **decl.read.describe(), "files": len(sp.files), "units": len(sp.units),
+                 "files_sha256": hashlib.sha256(files.encode()).hexdigest()[:16], "ops": [op.describe() for op in ops]}
+        if decl.passes is not None:
+            entry["passes"] = decl.passes
+        if pipe.flush_by == "chunks":  # chunk boundaries decide where sentinels fall
+            entry["chunk"] = decl.read.chunk_bytes if decl.read.format == "jsonl" else decl.read.chunk_rows
+        sources.append(entry)
     return {
         "schema": PIPELINE_SCHEMA, "seed": pipe.seed, "lanes": pipe.lanes, "flush_every": pipe.flush_every,
+        **({"flush_by": pipe.flush_by} if pipe.flush_by != "units" else {}),
         "sources": sources,
-        "mix": {"by": by, "weights": dict(zip((s.name for s in pipe.sources), weights))},
+        "mix": {"by": by, "weights": dict(zip((s.name for s in pipe.sources), weights)),
+                **({"schedule": mix_step.schedule.describe()} if mix_step and mix_step.schedule else {})},
         "lane_ops": [op.describe() for op in after],
         "pack": pack.describe(), "rows_per_lane": batch.rows_per_lane,
+        **({"partial": batch.partial} if batch.partial != "drop" else {}),
     }
 
 
@@ -231,7 +245,7 @@ def fingerprint(summary: dict[str, Any]) -> str:
 # -- explain and validate ------------------------------------------------------------------------------
 def explain(pipe: Pipeline) -> str:
     c = pipe.compile()
-    lines = [f"Pipeline seed={pipe.seed} lanes={pipe.lanes} flush_every={pipe.flush_every} "
+    lines = [f"Pipeline seed={pipe.seed} lanes={pipe.lanes} flush_every={pipe.flush_every} {pipe.flush_by} "
              f"global batch {pipe.lanes} x {c.rows_per_lane} rows x {c.seq_len} tokens",
              "sources:"]
     for decl, sp in zip(pipe.sources, c.plan.sources):

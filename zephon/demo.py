@@ -13,7 +13,7 @@ import ast
 import json
 import sysconfig
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -115,12 +115,21 @@ def train_sentencepiece(out_model: str | Path, texts: list[str], vocab_size: int
     return path
 
 
-def make_demo(out_dir: str | Path, max_files: int | None = None, vocab_size: int = 8000) -> dict[str, int]:
-    """Corpus in ``out_dir/data`` and tokenizer ``out_dir/tok.model``, as the quickstart expects."""
+def make_demo(out_dir: str | Path, max_files: int | None = None, vocab_size: int = 8000) -> dict[str, Any]:
+    """Corpus in ``out_dir/data`` and tokenizer ``out_dir/tok.model``, as the quickstart expects; and, when
+    Pillow and sample pictures are installed, the vision-language quickstart's data (``out_dir/data/vl``,
+    ``out_dir/tok_vl.model``: :func:`zephon.demo_vl.build_quickstart`), else ``counts["vl_skipped"]`` says why."""
     out = Path(out_dir)
     documents = list(stdlib_documents(max_files))
     counts = write_corpus(out / "data", documents=documents)
     counts["chat"] = write_chat(out / "data" / "chat", documents)
     sample = [t for i, (_, _, t) in enumerate(documents) if i % 3 == 0]
     train_sentencepiece(out / "tok.model", sample, vocab_size)
+    from . import demo_vl
+
+    reason = demo_vl.unavailable()
+    if reason is None:
+        counts.update(demo_vl.build_quickstart(out, documents))
+    else:
+        counts["vl_skipped"] = reason
     return counts

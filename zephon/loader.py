@@ -8,7 +8,7 @@ the global batch, which is therefore the same for every ``W``.
 from __future__ import annotations
 
 import time
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 from torchdata.nodes import BaseNode
 
@@ -17,13 +17,13 @@ from .compile import CompiledPipeline
 from .engine.counters import LaneCounters
 from .engine.executors import EXECUTOR_KINDS, Executor, make_executor
 from .engine.hosts import LocalLanes, ProcessLanes
-from .engine.lane import lane_depth
+from .engine.lane import InterventionTooLate, lane_depth
 from .pipeline import Pipeline
 from .recipe import Recipe, load_recipe
 from .state.checkpoint import STATE_FORMAT, STATE_VERSION, check_compatible, check_container, seal
 from .state.lane import LaneState, StateError
 
-RUNNERS = ("thread", "pool", "process")
+RUNNERS = ("thread", "pool", "process", "ray", "ray-lanes")
 _RUNNER_KIND = {"thread": "thread", "pool": "process"}  # the executor kind behind each chunk runner
 
 
@@ -83,8 +83,11 @@ class ZephonLoader:
     def __init__(self, pipeline: Pipeline | Recipe, rank: int, world_size: int, num_workers: int = 0,
                  runner: str | Executor = "thread", prefetch: int | None = None, max_steps: int | None = None,
                  program: CompiledPipeline | None = None, text_map: Callable | None = None,
-                 text_filter: Callable | None = None, plan: Any = None) -> None:
-        self.recipe = pipeline  # what it was built from (a Recipe or a Pipeline): plugins read seq_len etc.
+                 text_filter: Callable | None = None, plan: Any = None, group: Any = None,
+                 address: str | None = None, ray_options: Mapping[str, Any] | None = None) -> None:
+        self.recipe = pipeline
+        self.group = group  # the data-parallel process group (finite sources: the ranks agree on the end)
+        self._ended = False  # what it was built from (a Recipe or a Pipeline): plugins read seq_len etc.
         self.pipeline = as_pipeline(pipeline, text_map, text_filter)
         self.rank, self.world_size = rank, world_size
         self.lanes = lanes_of_rank(self.pipeline.lanes, rank, world_size)
@@ -96,22 +99,29 @@ class ZephonLoader:
         self.max_steps = max_steps
         self._executors: dict[str, Executor] = {}
         self._own_executors = True
+        self.events: list[tuple[int, dict[str, float]]] = []  # mixture interventions, shared with every lane
         self.num_workers = num_workers
+        self._ray = {"address": address, **(ray_options or {})}  # for Ray executors and lane actors
         if num_workers < 0:
             raise ValueError(f"num_workers must be >= 0, got {num_workers}")
         if not isinstance(runner, str):  # an executor shared by several loaders (zephon.verify)
             self._default_kind, self._executors[runner.kind] = runner.kind, runner
             self._own_executors = False
             self._host: LocalLanes | ProcessLanes = LocalLanes(self.program, self.lanes, self._executor_for,
-                                                               prefetch or lane_depth(runner.num_workers))
+                                                               prefetch or lane_depth(runner.num_workers), self.events)
         elif runner == "process" and num_workers > 0:
-            self._host = ProcessLanes(self.pipeline, self.program, self.lanes, num_workers, prefetch or 4)
+            self._host = ProcessLanes(self.pipeline, self.program, self.lanes, num_workers, prefetch or 4, self.events)
+        elif runner == "ray-lanes" and num_workers > 0:
+            from .engine.ray_lanes import RayLanes
+
+            self._host = RayLanes(self.pipeline, self.program, self.lanes, num_workers, prefetch or 4, self.events,
+                                  **self._ray)
         elif runner in RUNNERS or runner in EXECUTOR_KINDS:
             self._default_kind = _RUNNER_KIND.get(runner, runner) if num_workers else "inline"
             self._host = LocalLanes(self.program, self.lanes, self._executor_for,
-                                    prefetch or lane_depth(num_workers))
+                                    prefetch or lane_depth(num_workers), self.events)
         else:
-            raise ValueError(f"runner must be one of {RUNNERS + ('ray',)} (or a zephon executor), got {runner!r}")
+            raise ValueError(f"runner must be one of {RUNNERS} (or a zephon executor), got {runner!r}")
         if isinstance(self._host, LocalLanes) and self._own_executors:  # start (and check) them now, not lazily
             for s, kinds in enumerate(self.program.stage_kinds):
                 for k in range(len(kinds)):
@@ -132,7 +142,8 @@ class ZephonLoader:
             if not self._own_executors:
                 kind = next(iter(self._executors))
             else:
-                self._executors[kind] = make_executor(kind, self.program.stages, self.num_workers)
+                self._executors[kind] = make_executor(kind, self.program.stages, self.num_workers,
+                                                      **(self._ray if kind == "ray" else {}))
         return self._executors[kind]
 
     # -- iteration ------------------------------------------------------------------------------
@@ -140,17 +151,52 @@ class ZephonLoader:
         lane_states = self._check_state(state) if state is not None else {}
         self._host.reset(lane_states)
         self.step = int(state["step"]) if state is not None else 0
+        self._ended = bool(state.get("ended", False)) if state is not None else False
+        self._ended_states: dict[int, dict] | None = None
         self._delivered = {"rows": 0, "pad": 0, "flush_pad": 0}  # since this (re)start
         self._initialized = True
         self._started = time.perf_counter()
         self._tokens_at_start = self._delivered_tokens()
 
-    def _next_batch(self) -> dict[str, Any]:
+    def _prepare_step(self) -> tuple[list, bool]:
+        """This rank's rows of the next step, and whether they let the step be delivered (finite sources:
+        every lane full, for ``partial="drop"``; some lane with data, for ``"pad"``)."""
         if not self._initialized:
             self._reset(None)
-        if self.max_steps is not None and self.step >= self.max_steps:
+        if self._ended or (self.max_steps is not None and self.step >= self.max_steps):
             raise StopIteration
+        if not self.program.finite:
+            return [row for lane_rows in self._host.next_step() for row in lane_rows], True
+        # the lanes' positions before this step: if it is not delivered, they are the state to keep
+        self._before_step = self._host.states()
         rows = [row for lane_rows in self._host.next_step() for row in lane_rows]
+        if self.program.partial == "drop":
+            return rows, all(r.fill for r in rows)
+        return rows, any(r.fill for r in rows)
+
+    def _agree(self, ok: bool) -> bool:
+        """The same verdict on every rank: all must be able to deliver (drop), or any (pad)."""
+        if not self.program.finite:
+            return ok
+        import torch
+        import torch.distributed as dist
+
+        if not (dist.is_available() and dist.is_initialized()):
+            return ok
+        flag = torch.tensor([1 if ok else 0])
+        op = dist.ReduceOp.MIN if self.program.partial == "drop" else dist.ReduceOp.MAX
+        dist.all_reduce(flag, op=op, group=self.group)
+        return bool(flag.item())
+
+    def _next_batch(self) -> dict[str, Any]:
+        rows, ok = self._prepare_step()
+        return self._finish_step(rows, self._agree(ok))
+
+    def _finish_step(self, rows: list, ok: bool) -> dict[str, Any]:
+        if not ok:  # the data has ended here, for every rank: the loader ends (and stays ended)
+            self._ended = True
+            self._ended_states = self._before_step
+            raise StopIteration
         self.step += 1
         d = self._delivered
         d["rows"] += len(rows)
@@ -177,8 +223,16 @@ class ZephonLoader:
         return seal({
             "format": STATE_FORMAT, "version": STATE_VERSION, "fingerprint": self.fingerprint,
             "pipeline": self.summary, "step": self.step, "rank": self.rank, "world_size": self.world_size,
-            "lanes": {str(lane): st for lane, st in self._host.states().items()},
+            "events": [[at, dict(w)] for at, w in self.events], "ended": self._ended,
+            "lanes": {str(lane): st for lane, st in self._lane_states().items()},
         })
+
+    def _lane_states(self) -> dict[int, dict]:
+        """The lanes' positions after the last delivered batch (an ended loader's lanes went one step
+        further to learn that the data had ended)."""
+        if self._ended and getattr(self, "_ended_states", None) is not None:
+            return self._ended_states
+        return self._host.states()
 
     def state_dict(self) -> dict[str, Any]:
         """This rank's lanes' positions after the last delivered batch (JSON-serialisable)."""
@@ -198,7 +252,43 @@ class ZephonLoader:
                              f"{'...' if len(missing) > 8 else ''}: it holds only some ranks' lanes. Merge the "
                              f"states of all ranks of the checkpoint with zephon.merge_states([...]) (or "
                              f"loader.gather_state_dict()).")
-        return {lane: self.program.parse_state(have[lane], lane) for lane in self.lanes}
+        events = parse_events(state.get("events", []), self.program.names)
+        parsed = {lane: self.program.parse_state(have[lane], lane) for lane in self.lanes}
+        delivered = int(state["step"]) * self.program.rows_per_lane
+        for lane, st in parsed.items():
+            if st.clock[0] + st.rows_since_flush != delivered:
+                raise StateError(f"lane {lane}: its clock says {st.clock[0]} rows before its last sentinel and "
+                                 f"{st.rows_since_flush} since, but at step {state['step']} every lane has delivered "
+                                 f"{delivered}. The state was edited or does not belong to this pipeline.")
+        self.events[:] = events
+        return parsed
+
+    def set_mixture(self, weights: Mapping[str, float], at_step: int, group: Any = None) -> int:
+        """Use ``weights`` (source name -> weight; 0: not read) from global step ``at_step`` on.
+
+        Deterministic whatever the prefetch and timing: the mixing decisions that belong to ``at_step`` and
+        later (by each lane's step clock, see docs/design.md) use the new weights; a lane that has already
+        decided some of them is rebuilt at its last sentinel and replays with the intervention in force.
+        The intervention is recorded in the state, so a resume at any world size replays it. Every rank
+        must make the same call: in a process group they are compared (``group``) and a mismatch is an
+        error naming the ranks. An ``at_step`` whose data a lane has already delivered is refused. Returns
+        the number of this rank's lanes that were rebuilt and replayed.
+        """
+        at_step, weights = parse_event([at_step, dict(weights)], self.program.names, "set_mixture")
+        if at_step <= self.step:
+            raise ValueError(f"set_mixture(at_step={at_step}): step {self.step} was already delivered; the "
+                             f"intervention must be for a later step (at_step > {self.step})")
+        _same_on_every_rank((at_step, weights), group)
+        if not self._initialized:
+            self._reset(None)
+        self.events.append((at_step, weights))
+        try:
+            return self._host.apply_event(at_step)
+        except InterventionTooLate as exc:
+            self.events.pop()  # nothing was swapped: the lanes go on as they were
+            raise ValueError(f"set_mixture(at_step={at_step}) at step {self.step}: lane {exc.args[0]} has already "
+                             f"delivered data mixed for step {at_step} or later (the mixer runs ahead of delivery "
+                             f"by the shuffle buffer and the packer's open rows); aim further ahead.") from None
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume from a (merged) state: any world size that divides the lane count works."""
@@ -248,8 +338,19 @@ class ZephonLoader:
             "flushes": total.flushes, "units": total.units, "pieces_split": total.pieces_split,
             "skipped_records": total.skipped_records, "skipped_by_reason": dict(total.skipped_by_reason),
             "source_token_share": {k: v / max(1, total.doc_tokens) for k, v in total.source_tokens.items()},
+            "mixture_weights": self.mixture_weights(self.step),
+            "mixture_recent_share": _shares(_recent(per_lane.values())),
             "lanes": {lane: {"sentinels": states[lane]["sentinels"], "units": c.units} for lane, c in per_lane.items()},
         }
+
+    def mixture_weights(self, step: int) -> dict[str, float]:
+        """The weights in force at ``step`` (schedule, then interventions), normalised."""
+        from .ops.schedule import weights_in_force
+
+        mix = self.program.summary["mix"]
+        schedule = self.program.schedule
+        w = weights_in_force(schedule, mix["weights"], self.events, step)
+        return _shares(w)
 
     def close(self) -> None:
         """Stop worker threads/processes (also done at interpreter exit)."""
@@ -266,11 +367,63 @@ class ZephonLoader:
         self.close()
 
 
+def _recent(counters: Any) -> dict[str, int]:
+    """Per-source tokens over each lane's last complete window of documents (or its current one)."""
+    out: dict[str, int] = {}
+    for c in counters:
+        for k, v in (c.last_window_tokens or c.window_tokens).items():
+            out[k] = out.get(k, 0) + v
+    return out
+
+
+def _shares(counts: Mapping[str, float]) -> dict[str, float]:
+    total = sum(counts.values())
+    return {k: v / total for k, v in counts.items()} if total else {}
+
+
+def parse_event(event: Any, names: Sequence[str], where: str = "events") -> tuple[int, dict[str, float]]:
+    """One intervention ``[at_step, {source: weight}]``, checked (states are untrusted input)."""
+    from .ops.schedule import _check_weights
+
+    if not isinstance(event, (list, tuple)) or len(event) != 2:
+        raise StateError(f"{where}: an intervention is [at_step, {{source: weight}}], got {event!r:.80}")
+    at, weights = event
+    if isinstance(at, bool) or not isinstance(at, int) or at < 0:
+        raise StateError(f"{where}: at_step must be an integer >= 0, got {at!r}")
+    try:
+        return at, _check_weights(weights, names, where)
+    except ValueError as exc:
+        raise StateError(str(exc)) from None
+
+
+def parse_events(events: Any, names: Sequence[str]) -> list[tuple[int, dict[str, float]]]:
+    if not isinstance(events, list):
+        raise StateError(f"the state's events must be a list of [at_step, weights], got {type(events).__name__}")
+    return [parse_event(e, names, f"events[{i}]") for i, e in enumerate(events)]
+
+
+def _same_on_every_rank(event: tuple[int, dict], group: Any) -> None:
+    """In a process group, every rank must issue the same intervention; a mismatch names the ranks."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return
+    gathered: list[Any] = [None] * dist.get_world_size(group)
+    dist.all_gather_object(gathered, event, group=group)
+    me = dist.get_rank(group)
+    for rank, other in enumerate(gathered):
+        if other != event:
+            raise ValueError(f"set_mixture: ranks disagree: rank {me} asked for {event}, rank {rank} for {other}. "
+                             f"Every data rank must issue the same intervention (e.g. decide on rank 0 and "
+                             f"broadcast, then call set_mixture everywhere).")
+
+
 def build_loader(pipeline: Pipeline | Recipe | str, rank: int | None = None, world_size: int | None = None,
                  num_workers: int = 0, runner: str | Executor = "thread", prefetch: int | None = None,
                  max_steps: int | None = None, group: Any = None, text_map: Callable | None = None,
                  text_filter: Callable | None = None, plan: Any = None,
-                 program: CompiledPipeline | None = None) -> ZephonLoader:
+                 program: CompiledPipeline | None = None, address: str | None = None,
+                 ray_options: Mapping[str, Any] | None = None) -> ZephonLoader:
     """Build the loader of data-parallel ``rank`` of ``world_size`` for a pipeline (or a recipe or its path).
 
     ``rank``/``world_size`` default to the data-parallel process group (``group``, or the default
@@ -278,7 +431,10 @@ def build_loader(pipeline: Pipeline | Recipe | str, rank: int | None = None, wor
     work (read, transform, tokenize) on ``num_workers`` threads, accumulators in this process;
     ``runner="pool"``: stateless work on a pool of ``num_workers`` processes; ``runner="process"``:
     whole lanes on ``num_workers`` processes (this process only collates); ``runner="ray"``: stateless
-    work on a Ray cluster. None changes the batches, only the speed. A transform may pick its own
+    work on a Ray cluster, ``num_workers`` tasks at a time; ``runner="ray-lanes"``: whole lanes on
+    ``num_workers`` Ray actors. ``address``: the Ray cluster (``"HEAD:6379"``; default ``RAY_ADDRESS``, else
+    a local one); ``ray_options``: :class:`zephon.engine.ray_executor.RayOptions`. None changes the
+    batches, only the speed. A transform may pick its own
     executor kind (``executor=`` of the operator). ``prefetch``: items in flight per (lane, source, stage)
     (thread, pool) or steps ahead (process). ``text_map``/``text_filter``: per-document text hooks of a
     recipe (module-level functions for the pool and process runners).
@@ -292,4 +448,4 @@ def build_loader(pipeline: Pipeline | Recipe | str, rank: int | None = None, wor
             rank = 0 if rank is None else rank
             world_size = 1 if world_size is None else world_size
     return ZephonLoader(pipeline, rank, world_size, num_workers, runner, prefetch, max_steps, program,
-                        text_map, text_filter, plan)
+                        text_map, text_filter, plan, group, address=address, ray_options=ray_options)

@@ -53,6 +53,7 @@ class SourceDecl:
     name: str
     read: ReadSpec
     weight: float = 1.0
+    passes: int | None = None  # None: repeat for ever (in a new order every pass); N: stop after N passes
 
 
 # -- step declarations that are not transforms: made per lane, from the lane's context -----------------
@@ -65,12 +66,13 @@ class Step(Operator):
 class MixStep(Step):
     kind = "mix"
 
-    def __init__(self, by: str = "tokens", weights: Mapping[str, float] | None = None) -> None:
+    def __init__(self, by: str = "tokens", weights: Mapping[str, float] | None = None, schedule: Any = None) -> None:
         super().__init__("mix")
-        self.by, self.weights = by, dict(weights) if weights is not None else None
+        self.by, self.weights, self.schedule = by, dict(weights) if weights is not None else None, schedule
 
     def describe(self) -> dict[str, Any]:
-        return {"op": "mix", "by": self.by, **({"weights": self.weights} if self.weights is not None else {})}
+        return {"op": "mix", "by": self.by, **({"weights": self.weights} if self.weights is not None else {}),
+                **({"schedule": self.schedule.describe()} if self.schedule is not None else {})}
 
 
 class ShuffleStep(Step):
@@ -110,15 +112,19 @@ class PackStep(Step):
         return d
 
 
+PARTIAL = ("drop", "pad")
+
+
 class BatchStep(Step):
     kind = "batch"
 
-    def __init__(self, rows_per_lane: int) -> None:
+    def __init__(self, rows_per_lane: int, partial: str = "drop") -> None:
         super().__init__("batch")
-        self.rows_per_lane = rows_per_lane
+        self.rows_per_lane, self.partial = rows_per_lane, partial
 
     def describe(self) -> dict[str, Any]:
-        return {"op": "batch", "rows_per_lane": self.rows_per_lane}
+        return {"op": "batch", "rows_per_lane": self.rows_per_lane,
+                **({"partial": self.partial} if self.partial != "drop" else {})}
 
 
 def _positive_int(value: Any, what: str) -> int:
@@ -131,17 +137,23 @@ class Pipeline:
     """A data pipeline: sources, stateless transforms, the merge, accumulators, packing, batching.
 
     ``seed`` decides all randomness; ``lanes`` the number of logical streams (fixed for a run: world
-    sizes must divide it); ``flush_every`` the sentinel cadence (completed units per lane between flush
+    sizes must divide it); ``flush_every`` and ``flush_by`` the sentinel cadence (completed chunks, or units,
+    per lane between flush
     sentinels: a resume replays at most this much).
     """
 
-    def __init__(self, seed: int, lanes: int, *, flush_every: int = 8, storage: Any = None,
+    def __init__(self, seed: int, lanes: int, *, flush_every: int = 8, flush_by: str = "units", storage: Any = None,
                  origin: str = "<builder>") -> None:
         if not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed < 1 << 63:
             raise PipelineError(f"Pipeline(seed={seed!r}): an integer in [0, 2**63) is needed")
         self.seed = seed
         self.lanes = _positive_int(lanes, "Pipeline(lanes=...)")
         self.flush_every = _positive_int(flush_every, "Pipeline(flush_every=...)")
+        from .engine.sentinels import FLUSH_BY
+
+        if flush_by not in FLUSH_BY:
+            raise PipelineError(f"Pipeline(flush_by={flush_by!r}): use one of {FLUSH_BY}")
+        self.flush_by = flush_by
         self.storage = storage
         self.origin = origin
         self._sources: tuple[SourceDecl, ...] = ()
@@ -163,6 +175,23 @@ class Pipeline:
     def __getstate__(self) -> dict:
         return {**self.__dict__, "_compiled": None}
 
+    def replace(self, *, seed: int | None = None, lanes: int | None = None, flush_every: int | None = None,
+                batch_per_lane: int | None = None, flush_by: str | None = None) -> "Pipeline":
+        """A copy with other top-level settings (each makes a different run: they are fingerprinted)."""
+        new = copy.copy(self)
+        new._compiled = None
+        if seed is not None or lanes is not None or flush_every is not None or flush_by is not None:
+            fresh = Pipeline(self.seed if seed is None else seed, self.lanes if lanes is None else lanes,
+                             flush_every=self.flush_every if flush_every is None else flush_every,
+                             flush_by=self.flush_by if flush_by is None else flush_by)
+            new.seed, new.lanes, new.flush_every, new.flush_by = fresh.seed, fresh.lanes, fresh.flush_every, fresh.flush_by
+        if batch_per_lane is not None:
+            if not self._steps or not isinstance(self._steps[-1], BatchStep):
+                raise PipelineError("replace(batch_per_lane=...): the pipeline has no batch() step")
+            new._steps = self._steps[:-1] + (BatchStep(_positive_int(batch_per_lane, "batch_per_lane"),
+                                                       self._steps[-1].partial),)
+        return new
+
     @property
     def sources(self) -> tuple[SourceDecl, ...]:
         return self._sources
@@ -172,8 +201,11 @@ class Pipeline:
         return self._steps
 
     # -- sources -------------------------------------------------------------------------------------
-    def source(self, name: str, read: ReadSpec, weight: float = 1.0) -> "Pipeline":
-        """Add a source: ``read`` is a :mod:`zephon.read` spec; ``weight`` its share in the mixture."""
+    def source(self, name: str, read: ReadSpec, weight: float = 1.0, passes: int | None = None) -> "Pipeline":
+        """Add a source: ``read`` is a :mod:`zephon.read` spec; ``weight`` its share in the mixture;
+        ``passes``: stop after that many passes over its data (each record read exactly once per pass,
+        by one lane), instead of repeating for ever (None, the default). See :meth:`batch` for how the
+        loader ends."""
         if not isinstance(name, str) or not name:
             raise PipelineError(f"source(name={name!r}): a non-empty name is needed")
         if any(s.name == name for s in self._sources):
@@ -185,7 +217,9 @@ class Pipeline:
             raise PipelineError(f"source '{name}': weight must be a finite number > 0, got {weight!r}")
         if self._steps:
             raise PipelineError(f"source '{name}' is declared after operators: declare every source first")
-        return self._with(source=SourceDecl(name, read, float(weight)))
+        if passes is not None and (isinstance(passes, bool) or not isinstance(passes, int) or passes < 1):
+            raise PipelineError(f"source '{name}': passes must be a positive integer (or None: repeat), got {passes!r}")
+        return self._with(source=SourceDecl(name, read, float(weight), passes))
 
     # -- stateless transforms ----------------------------------------------------------------------------
     def _check_sources(self, sources: Sequence[str] | None, what: str) -> Sequence[str] | None:
@@ -274,10 +308,71 @@ class Pipeline:
             raise PipelineError(f"apply() takes a zephon.ops.Transform, got {transform!r}")
         return self._with(step=transform)
 
+    def decode_images(self, field: str = "image", *, size: int | Sequence[int] | None = None,
+                      max_pixels: int | None = None, min_pixels: int = 56 * 56, patch_size: int = 14, merge: int = 1,
+                      patchify: bool = True, resample: str = "bicubic", max_image_pixels: int = 1 << 26,
+                      on_bad_image: str = "skip", jpeg_decoder: str = "auto", reduced_decode: bool = True,
+                      keep_field: bool = False, sources: Sequence[str] | None = None, executor: str | None = None,
+                      name: str | None = None) -> "Pipeline":
+        """Decode the images of ``field`` (bytes, ``{bytes, path}`` structs or paths; one or a list per record)
+        into ``images`` (patches or pixels) and ``image_grid_thw``: decode, EXIF orientation, RGB, resize to
+        ``size=`` (centre crop) or within ``max_pixels=`` (aspect kept, on the patch grid), patchify
+        (``patch_size``, ``merge``). Bad images by ``on_bad_image`` ("skip", "drop_record", "raise"). See
+        :mod:`zephon.ops.image` for every option and the output contract."""
+        from .ops.image import DecodeImages
+
+        try:
+            op = DecodeImages(field, size=size, max_pixels=max_pixels, min_pixels=min_pixels, patch_size=patch_size,
+                              merge=merge, patchify=patchify, resample=resample, max_image_pixels=max_image_pixels,
+                              on_bad_image=on_bad_image, jpeg_decoder=jpeg_decoder, reduced_decode=reduced_decode,
+                              keep_field=keep_field, name=name, sources=self._check_sources(sources, "decode_images"),
+                              executor=executor)
+        except (TypeError, ValueError) as exc:
+            raise PipelineError(str(exc)) from None
+        return self._with(step=op)
+
+    def tokenize_images(self, tokenizer: TokenizerSpec, field: str = "text", *, image_pad: int | str,
+                        image_start: int | str | None = None, image_end: int | str | None = None,
+                        merge: int | None = None, placeholder: str = "<image>", unplaced_images: str = "before",
+                        loss_on_images: bool = False, add_eos: bool | None = None, add_bos: bool | None = None,
+                        keep_field: bool = False, sources: Sequence[str] | None = None, executor: str | None = None,
+                        name: str | None = None) -> "Pipeline":
+        """Tokenize ``field`` (a caption with ``<image>`` placeholders, or interleaved ``texts``) with each image
+        of ``images`` expanded to ``image_start, image_pad * n, image_end`` tokens and ``loss_mask`` 0 where an
+        image token is the label. ``merge`` defaults to the ``merge`` of the ``decode_images`` steps before it.
+        See :mod:`zephon.ops.image_tokens`."""
+        from .ops.image import DecodeImages
+        from .ops.image_tokens import TokenizeImages
+
+        if not isinstance(tokenizer, TokenizerSpec):
+            raise PipelineError(f"tokenize_images(tokenizer=...): pass zephon.tokenizer(path), got {tokenizer!r}")
+        picked = self._check_sources(sources, "tokenize_images")
+        if merge is None:
+            merges = {s.merge for s in self._steps if isinstance(s, DecodeImages)
+                      and (picked is None or s.sources is None or set(picked) & set(s.sources))}
+            if len(merges) != 1:
+                raise PipelineError("tokenize_images(merge=...): " + (
+                    "no decode_images() step comes before it" if not merges else
+                    f"the decode_images() steps before it merge differently ({sorted(merges)})") + "; pass merge=")
+            merge = merges.pop()
+        try:
+            op = TokenizeImages(tokenizer, field, image_pad=image_pad, image_start=image_start, image_end=image_end,
+                                merge=merge, placeholder=placeholder, unplaced_images=unplaced_images,
+                                loss_on_images=loss_on_images, add_eos=add_eos, add_bos=add_bos, keep_field=keep_field,
+                                name=name, sources=picked, executor=executor)
+        except (TypeError, ValueError) as exc:
+            raise PipelineError(str(exc)) from None
+        return self._with(step=op)
+
     # -- the merge and accumulators ----------------------------------------------------------------------
-    def mix(self, by: str = "tokens", weights: Mapping[str, float] | None = None) -> "Pipeline":
+    def mix(self, by: str = "tokens", weights: Mapping[str, float] | None = None, schedule: Any = None) -> "Pipeline":
         """Where the sources meet: an exact mixture by ``"tokens"`` or ``"documents"``; ``weights`` (source
-        name -> weight) overrides the sources' own."""
+        name -> weight) overrides the sources' own; ``schedule`` (a :class:`zephon.Schedule`) changes them
+        over training steps (phases, or waypoints with linear or cosine interpolation)."""
+        from .ops.schedule import Schedule
+
+        if schedule is not None and not isinstance(schedule, Schedule):
+            raise PipelineError(f"mix(schedule=...): pass a zephon.Schedule, got {schedule!r}")
         if by not in MIX_BY:
             raise PipelineError(f"mix(by={by!r}): use one of {MIX_BY}")
         if any(isinstance(s, MixStep) for s in self._steps):
@@ -290,7 +385,7 @@ class Pipeline:
             for k, w in weights.items():
                 if isinstance(w, bool) or not isinstance(w, (int, float)) or not 0 < w < float("inf"):
                     raise PipelineError(f"mix(weights=...): weight of '{k}' must be a finite number > 0, got {w!r}")
-        return self._with(step=MixStep(by, weights))
+        return self._with(step=MixStep(by, weights, schedule))
 
     def shuffle(self, buffer: int) -> "Pipeline":
         """A seeded shuffle within a window of ``buffer`` records (per lane, drained at each sentinel)."""
@@ -322,9 +417,16 @@ class Pipeline:
             raise PipelineError("pack() is declared twice")
         return self._with(step=PackStep(seq_len, algorithm, max_open_bins, pad_id))
 
-    def batch(self, rows_per_lane: int = 1) -> "Pipeline":
-        """Each lane adds ``rows_per_lane`` rows to every global batch (global batch = lanes x this)."""
-        return self._with(step=BatchStep(_positive_int(rows_per_lane, "batch(rows_per_lane=...)")))
+    def batch(self, rows_per_lane: int = 1, partial: str = "drop") -> "Pipeline":
+        """Each lane adds ``rows_per_lane`` rows to every global batch (global batch = lanes x this).
+
+        ``partial``: when sources stop (``passes=``), lanes run out at different steps; the first global
+        batch that some lane cannot fill ends the loader (``"drop"``), or lanes that ran out deliver rows
+        of padding until every lane has (``"pad"``, so an evaluation covers its whole set). Either way the
+        loader ends at the same global step on every world size and after any resume."""
+        if partial not in PARTIAL:
+            raise PipelineError(f"batch(partial={partial!r}): use one of {PARTIAL}")
+        return self._with(step=BatchStep(_positive_int(rows_per_lane, "batch(rows_per_lane=...)"), partial))
 
     # -- what the rest of Zephon reads ------------------------------------------------------------------------
     def _find(self, cls: type) -> Any:
@@ -351,7 +453,8 @@ class Pipeline:
     @property
     def tokenizer(self) -> TokenizerSpec | None:
         """The tokenizer of the first ``tokenize`` step (its vocabulary and pad id size a model)."""
-        tok = next((s for s in self._steps if isinstance(s, Tokenize) or s.kind == "tokenize_chat"), None)
+        kinds = ("tokenize_chat", "tokenize_images")
+        tok = next((s for s in self._steps if isinstance(s, Tokenize) or s.kind in kinds), None)
         return None if tok is None else tok.spec
 
     def compile(self, plan: Any = None) -> Any:

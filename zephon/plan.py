@@ -25,7 +25,8 @@ import fsspec
 
 from ._perm import mix64, permute_index, stable_key
 from .read import ReadSpec
-from .readers import INDEXED_READERS, Reader, SourceError, Unit, make_reader
+from .readers import INDEXED_READERS, SELF_LISTED, Reader, SourceError, Unit, list_own_files, make_reader
+from .readers import hf as hf_folders
 from .readers.base import RawChunk, is_blank, path_not_found
 from .recipe import StorageSpec
 from .storage import url_to_fs
@@ -41,6 +42,11 @@ _EXTENSIONS = {
     "vortex": (".vortex", ".vtx"),
     "mds": ("index.json",),  # MDS and LitData: the shards named by the index.json files found
     "litdata": ("index.json",),
+    "arrow": (".arrow", ".arrows", ".feather", ".ipc"),  # Arrow IPC, file or stream format
+    "hf": hf_folders.DATA_EXTENSIONS,  # the data files of a datasets folder (zephon/readers/hf.py)
+    "lance": (),  # Lance datasets and in-memory tables list their own "files" (SELF_LISTED)
+    "memory": (),
+    "webdataset": (".tar",),  # tar shards (zephon/readers/webdataset.py)
 }
 
 
@@ -64,6 +70,7 @@ class PlannedSource:
 
     name: str
     read: ReadSpec
+    passes: int | None = None  # stop after this many passes (None: repeat)
 
     @property
     def format(self) -> str:
@@ -95,6 +102,8 @@ class ReaderFactory:
     storage: StorageSpec | None
 
     def __call__(self) -> Reader:
+        if self.source.format in SELF_LISTED:  # Lance reads stores with its own client; memory has no files
+            return make_reader(self.source.name, self.source.read, fsspec.filesystem("file"))
         fs, _ = url_to_fs(self.source.path[0], self.source, self.storage)
         return make_reader(self.source.name, self.source.read, fs)
 
@@ -105,6 +114,8 @@ def list_files(source: PlannedSource, origin: str = "the pipeline",
 
     Object-store URLs (s3://, gs://, az://...) go through :func:`zephon.storage.url_to_fs`: a retrying
     filesystem built from the source's storage_options, whose listings are full URLs."""
+    if source.format in SELF_LISTED:  # Lance fragments, an in-memory table: listed by the format (readers/)
+        return fsspec.filesystem("file"), list_own_files(source.name, source.read, origin)
     exts = _EXTENSIONS[source.format]
     fs = None
     found: set[str] = set()
@@ -113,6 +124,9 @@ def list_files(source: PlannedSource, origin: str = "the pipeline",
         fs = fs or fs_i
         if source.format in INDEXED_READERS:  # shards listed from index.json (zephon/readers/indexed.py)
             matches = INDEXED_READERS[source.format].list_shards(fs_i, root, source.name, pattern, origin)
+        elif source.format == "hf":  # a datasets folder: its split's files (zephon/readers/hf.py)
+            matches = hf_folders.list_files(fs_i, root, source.name, pattern, origin, source.read.split,
+                                            source.read.config)
         elif any(c in root for c in "*?["):
             matches = [p for p in fs_i.glob(root) if fs_i.isfile(p)]
         elif fs_i.isdir(root):
@@ -197,7 +211,7 @@ class SourcePlan:
         # Object-store files are URLs: drop the scheme, so that the same files under another root (local
         # disk, another bucket or store) have the same relative names, hence the same fingerprint.
         files = [f.split("://", 1)[-1] for f in self.files]
-        root = os.path.commonpath(files) if len(files) > 1 else os.path.dirname(files[0])
+        root = os.path.commonpath(files) if len(files) > 1 else (os.path.dirname(files[0]) or ".")
         return [os.path.relpath(f, root) for f in files]
 
     def stream_position(self, lane: int, i: int) -> int:
@@ -213,11 +227,21 @@ class SourcePlan:
         """The ``i``-th unit (0-based) that ``lane`` reads from this source."""
         return self.unit_at(self.stream_position(lane, i))
 
+    def lane_units(self, lane: int, passes: int) -> int:
+        """How many units ``lane`` reads when the source stops after ``passes`` passes: its units whose
+        stream positions fall before ``passes * U`` (every unit of those passes is read by exactly one
+        lane, once per pass)."""
+        end = passes * len(self.units)
+        full = end // self.lanes  # whole blocks: one unit each
+        return full + (1 if full * self.lanes < end and self.stream_position(lane, full) < end else 0)
+
     def chunk_tasks(self, lane: int, unit_seq: int, cursor: int, skip: int = 0) -> Iterator[ChunkTask]:
-        """Endless chunk tasks of ``lane`` from unit ``unit_seq``, starting at ``cursor`` (-1: unit start),
-        the first ``skip`` records made from there already taken."""
+        """Chunk tasks of ``lane`` from unit ``unit_seq``, starting at ``cursor`` (-1: unit start), the first
+        ``skip`` records made from there already taken: endless, or ending after the source's ``passes``."""
         i = unit_seq
-        while True:
+        passes = self.spec.passes
+        stop = self.lane_units(lane, passes) if passes is not None else None
+        while stop is None or i < stop:
             unit = self.lane_unit(lane, i)
             path = self.files[unit.file]
             bounds = self.reader.chunk_bounds(path, unit, cursor)
@@ -240,7 +264,7 @@ class WorkPlan:
         pipe = as_pipeline(pipeline)
         self.lanes, self.seed = pipe.lanes, pipe.seed
         self.sources: list[SourcePlan] = [
-            SourcePlan(i, PlannedSource(d.name, d.read), pipe.lanes, pipe.seed, pipe.storage, pipe.origin)
+            SourcePlan(i, PlannedSource(d.name, d.read, d.passes), pipe.lanes, pipe.seed, pipe.storage, pipe.origin)
             for i, d in enumerate(pipe.sources)]
         self._checked = False  # check_sources_have_text done
 

@@ -8,6 +8,9 @@ pipeline is built. Example::
     z.read.parquet("s3://bucket/web/", columns=["text", "url"], storage_options={"anon": True})
     z.read.jsonl("data/chat/*.jsonl.zst", columns=["messages"])
     z.read.parquet("data/tokens/", tokens_field="input_ids")     # pre-tokenized ids
+    z.read.hf("data/wiki_saved", split="train")                    # a datasets folder (save_to_disk, a cache)
+    z.read.lance("data/images.lance", columns=["caption", "image"])
+    z.read.records([{"text": "hello"}, {"text": "world"}])         # in memory, for notebooks and tests
 
 A column that holds lists of integers is read as token ids (a ``TokenColumn``); text columns as
 strings; other columns as Python values (numbers, lists, dicts, bytes).
@@ -18,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any, Mapping, Sequence
 
-FORMATS = ("parquet", "jsonl", "mds", "litdata", "vortex")
+FORMATS = ("parquet", "jsonl", "mds", "litdata", "vortex", "lance", "arrow", "hf", "memory", "webdataset")
 
 
 @dataclass(frozen=True)
@@ -38,6 +41,13 @@ class ReadSpec:
     max_doc_bytes: int = 16 << 20  # a larger document is handled by `oversize` (16 MiB: tokenizing one costs ~1 GB)
     oversize: str = "skip"  # "skip" (and count), "truncate" or "error"
     storage_options: dict[str, Any] | None = field(default=None, repr=False, hash=False, compare=False)
+    split: str | None = None  # format "hf": the split to read (None: "train")
+    config: str | None = None  # format "hf": the config (dataset configuration) to read, when there are several
+    # format "memory": the table as Arrow IPC stream bytes (what workers receive) and their SHA-256
+    payload: bytes | None = field(default=None, repr=False)
+    digest: str | None = None
+    # format "webdataset": a folder for the shards' index sidecars (None: [storage] cache_dir, or none); speed only
+    index_cache: str | None = field(default=None, compare=False)
 
     @property
     def fields(self) -> tuple[str, ...]:
@@ -53,6 +63,10 @@ class ReadSpec:
             d["tokens_field"] = self.tokens_field
         if self.format == "jsonl":
             d["unit_bytes"] = self.unit_bytes
+        if self.format == "hf":
+            d["split"], d["config"] = self.split or "train", self.config
+        if self.format == "memory":
+            d["content_sha256"] = self.digest  # the data itself: the same records, the same fingerprint
         if self.max_doc_bytes != ReadSpec.max_doc_bytes or self.oversize != ReadSpec.oversize:
             d["max_doc_bytes"], d["oversize"] = self.max_doc_bytes, self.oversize
         return d
@@ -102,6 +116,84 @@ def _indexed(fmt: str):
                      cache_bytes=cache_bytes, storage_options=dict(storage_options) if storage_options else None)
     read.__name__ = read.__qualname__ = fmt
     return read
+
+
+def _columnar(fmt: str, what: str):
+    def read(path: str | Sequence[str], columns: Sequence[str] | None = None, *, text_field: str | None = None,
+             tokens_field: str | None = None, chunk_rows: int | None = None, cache_bytes: int | None = None,
+             max_doc_bytes: int | None = None, oversize: str | None = None,
+             storage_options: Mapping[str, Any] | None = None) -> ReadSpec:
+        return _spec(fmt, path, columns, text_field=text_field, tokens_field=tokens_field, chunk_rows=chunk_rows,
+                     cache_bytes=cache_bytes, max_doc_bytes=max_doc_bytes, oversize=oversize,
+                     storage_options=dict(storage_options) if storage_options else None)
+    read.__name__ = read.__qualname__ = fmt
+    read.__doc__ = what
+    return read
+
+
+lance = _columnar("lance", """Lance datasets (pylance): fragments as units (row ranges of fragments when there are
+fewer fragments than lanes), planned from the manifest; rows read with Lance's random access. Object stores
+are read by Lance itself: ``storage_options`` go to Lance (see zephon/readers/lance.py).""")
+arrow = _columnar("arrow", """Arrow IPC files (file format / Feather v2, or stream format): whole files as units, or
+record batches (and row ranges of them) when there are fewer files than lanes, like Parquet row groups.""")
+
+
+def hf(path: str | Sequence[str], split: str = "train", config: str | None = None,
+       columns: Sequence[str] | None = None, *, text_field: str | None = None, tokens_field: str | None = None,
+       chunk_rows: int | None = None, cache_bytes: int | None = None, max_doc_bytes: int | None = None,
+       oversize: str | None = None, storage_options: Mapping[str, Any] | None = None) -> ReadSpec:
+    """A Hugging Face ``datasets`` folder on disk: ``save_to_disk`` output (a Dataset or a DatasetDict), a
+    ``datasets`` cache folder or a Hub cache folder of a dataset repository; ``split`` and ``config`` pick
+    its files. Read with pyarrow alone, never over the network (see zephon/readers/hf.py)."""
+    for key, value, optional in (("split", split, False), ("config", config, True)):
+        if not ((value is None and optional) or (isinstance(value, str) and value)):
+            raise ValueError(f"read.hf({key}=...): a non-empty string is needed, got {value!r}")
+    return _spec("hf", path, columns, text_field=text_field, tokens_field=tokens_field, chunk_rows=chunk_rows,
+                 cache_bytes=cache_bytes, max_doc_bytes=max_doc_bytes, oversize=oversize,
+                 storage_options=dict(storage_options) if storage_options else None, split=split, config=config)
+
+
+def _memory(payload: tuple[bytes, str, int], columns: Sequence[str] | None, **options: Any) -> ReadSpec:
+    from .readers.memory import label
+
+    data, digest, _ = payload
+    return _spec("memory", label(digest), columns, payload=data, digest=digest, **options)
+
+
+def records(records: Any, columns: Sequence[str] | None = None, *, text_field: str | None = None,
+            tokens_field: str | None = None, chunk_rows: int | None = None, max_doc_bytes: int | None = None,
+            oversize: str | None = None) -> ReadSpec:
+    """An in-memory source from a list of dicts (one per record), for notebooks and tests. The records are
+    turned into an Arrow table once, here (a column per field; a field must hold one kind of value), planned
+    like that table in a Parquet file, and fingerprinted by a digest of their content."""
+    from .readers.memory import records_table, table_payload
+
+    return _memory(table_payload(records_table(records)), columns, text_field=text_field,
+                   tokens_field=tokens_field, chunk_rows=chunk_rows, max_doc_bytes=max_doc_bytes, oversize=oversize)
+
+
+def table(table: Any, columns: Sequence[str] | None = None, *, text_field: str | None = None,
+          tokens_field: str | None = None, chunk_rows: int | None = None, max_doc_bytes: int | None = None,
+          oversize: str | None = None) -> ReadSpec:
+    """An in-memory source from a ``pyarrow.Table``: planned like the table written with
+    ``pyarrow.parquet.write_table`` (the same rows give the same batches as that Parquet file) and
+    fingerprinted by a digest of its content."""
+    from .readers.memory import table_payload
+
+    return _memory(table_payload(table, "read.table"), columns, text_field=text_field, tokens_field=tokens_field,
+                   chunk_rows=chunk_rows, max_doc_bytes=max_doc_bytes, oversize=oversize)
+
+
+def webdataset(path: str | Sequence[str], columns: Sequence[str] | None = ("*",), *, chunk_rows: int | None = None,
+               max_doc_bytes: int | None = None, oversize: str | None = None, index_cache: str | None = None,
+               storage_options: Mapping[str, Any] | None = None) -> ReadSpec:
+    """WebDataset tar shards (``.tar``): samples grouped by key, one field per member extension (``columns``:
+    ``["jpg", "txt"]``, ``"jpg;png"`` alternatives, ``"image=jpg;png"`` to name a field, ``"*"`` every member),
+    plus ``__key__``. Units are shards or sample ranges, planned from an index of member offsets built once
+    per shard (``index_cache``: a folder to keep it in). See zephon/readers/webdataset.py."""
+    return _spec("webdataset", path, columns or ("*",), chunk_rows=chunk_rows, max_doc_bytes=max_doc_bytes,
+                 oversize=oversize, index_cache=index_cache,
+                 storage_options=dict(storage_options) if storage_options else None)
 
 
 mds = _indexed("mds")

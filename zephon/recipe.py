@@ -21,8 +21,9 @@ from typing import Any, Mapping
 
 PACK_ALGORITHMS = ("best_fit", "first_fit", "wrap")
 TOKENIZER_KINDS = ("sentencepiece", "tiktoken", "huggingface")
-SOURCE_FORMATS = ("parquet", "jsonl", "mds", "litdata", "vortex")
-TOKENS_FORMATS = ("parquet", "mds", "litdata", "vortex")  # formats that can hold pre-tokenized rows (tokens_field)
+SOURCE_FORMATS = ("parquet", "jsonl", "mds", "litdata", "vortex", "lance", "arrow", "hf", "webdataset")
+# formats that can hold pre-tokenized rows (tokens_field)
+TOKENS_FORMATS = ("parquet", "mds", "litdata", "vortex", "lance", "arrow", "hf")
 MIX_BY = ("tokens", "documents")
 OVERSIZE_POLICIES = ("skip", "truncate", "error")  # [read] oversize: what to do with a document over max_doc_bytes
 SEED_LIMIT = 1 << 63  # seeds are non-negative 64-bit integers (zephon/_perm.py hashes them modulo 2**64)
@@ -84,6 +85,12 @@ class SourceSpec:
     columns: tuple[str, ...] | None = None
     # This source's own [read] options (chunk_rows, chunk_bytes, unit_bytes...), over the recipe's [read].
     read: dict[str, Any] | None = field(default=None, hash=False)
+    # Stop after this many passes over the source's data (None: repeat for ever, in a new order every pass).
+    passes: int | None = None
+    # format = "hf" (a Hugging Face datasets folder): the split to read (None: "train") and the config,
+    # when the folder holds several (zephon/readers/hf.py).
+    split: str | None = None
+    config: str | None = None
 
 
 @dataclass(frozen=True)
@@ -108,8 +115,12 @@ class Recipe:
     tokenizer: TokenizerSpec
     sources: tuple[SourceSpec, ...]
     flush_every: int = 8
+    flush_by: str = "units"  # the sentinel cadence counts completed "units" or "chunks" (zephon.engine.sentinels)
+    partial_batch: str = "drop"  # sources that stop: "drop" the last global batch some lane cannot fill, or "pad" it
     pack: PackSpec = field(default_factory=PackSpec)
     mix_by: str = "tokens"
+    # [mix.schedule]: weights over training steps ({interpolate, points: [{step, weights}]}; zephon.ops.schedule)
+    mix_schedule: Any = field(default=None, hash=False)
     shuffle_buffer: int = 0  # documents held by the per-lane shuffle buffer; 0 disables it
     max_doc_tokens: int | None = None  # documents are split into pieces of at most this; default seq_len
     chunk_rows: int = 64  # rows per stateless read+tokenize task (Parquet): small keeps start-up and memory low
@@ -145,14 +156,15 @@ class Recipe:
 
 
 _TOP_KEYS = {
-    "seed", "lanes", "seq_len", "batch_per_lane", "flush_every", "tokenizer", "pack", "sources",
+    "seed", "lanes", "seq_len", "batch_per_lane", "flush_every", "flush_by", "partial_batch", "tokenizer", "pack",
+    "sources",
     "mix", "shuffle", "split", "read", "storage",
 }
-_STEPS_TOP_KEYS = {"seed", "lanes", "flush_every", "sources", "read", "storage", "steps"}  # a [[steps]] recipe
+_STEPS_TOP_KEYS = {"seed", "lanes", "flush_every", "flush_by", "sources", "read", "storage", "steps"}  # a [[steps]] recipe
 _TOKENIZER_KEYS = {f.name for f in dataclasses.fields(TokenizerSpec)}
 _PACK_KEYS = {f.name for f in dataclasses.fields(PackSpec)}
 _SOURCE_KEYS = {f.name for f in dataclasses.fields(SourceSpec)}
-_MIX_KEYS = {"by"}
+_MIX_KEYS = {"by", "schedule"}
 _SHUFFLE_KEYS = {"buffer"}
 _SPLIT_KEYS = {"max_doc_tokens"}
 _READ_KEYS = {"chunk_rows", "chunk_bytes", "unit_bytes", "cache_bytes", "max_doc_bytes", "oversize"}
@@ -240,10 +252,13 @@ def recipe_from_dict(data: Mapping[str, Any], base_dir: str | os.PathLike | None
         seq_len=_require(data, "seq_len", "the top level", origin),
         batch_per_lane=data.get("batch_per_lane", 1),
         flush_every=data.get("flush_every", 8),
+        flush_by=data.get("flush_by", "units"),
+        partial_batch=data.get("partial_batch", "drop"),
         tokenizer=tok,
         pack=pack,
         sources=tuple(sources),
         mix_by=data.get("mix", {}).get("by", "tokens"),
+        mix_schedule=_schedule(data.get("mix", {}).get("schedule"), origin),
         shuffle_buffer=data.get("shuffle", {}).get("buffer", 0),
         max_doc_tokens=data.get("split", {}).get("max_doc_tokens"),
         **{key: read.get(key, defaults[key].default) for key in sorted(_READ_KEYS)},
@@ -251,6 +266,18 @@ def recipe_from_dict(data: Mapping[str, Any], base_dir: str | os.PathLike | None
         origin=origin,
     )
     return _validate(recipe)
+
+
+def _schedule(table: Any, origin: str, where: str = "[mix.schedule]") -> Any:
+    """``[mix.schedule]`` (or a mix step's ``schedule``) as a :class:`~zephon.ops.schedule.Schedule`."""
+    if table is None:
+        return None
+    from .ops.schedule import Schedule
+
+    try:
+        return Schedule.from_dict(table, where)
+    except ValueError as exc:
+        raise RecipeError(f"{origin}: {exc}") from None
 
 
 def _steps_recipe(data: Mapping[str, Any], base: Path | None, origin: str) -> Recipe:
@@ -265,7 +292,8 @@ def _steps_recipe(data: Mapping[str, Any], base: Path | None, origin: str) -> Re
     placeholder = TokenizerSpec("sentencepiece", "<from the steps>")
     draft = Recipe(seed=_require(data, "seed", "the top level", origin),
                    lanes=_require(data, "lanes", "the top level", origin), seq_len=2, batch_per_lane=1,
-                   flush_every=data.get("flush_every", 8), tokenizer=placeholder,
+                   flush_every=data.get("flush_every", 8), flush_by=data.get("flush_by", "units"),
+                   tokenizer=placeholder,
                    sources=tuple(_sources(data, base, origin)),
                    **{key: read.get(key, defaults[key].default) for key in sorted(_READ_KEYS)},
                    storage=_storage(data.get("storage", {}), base, origin), origin=origin,
@@ -323,6 +351,9 @@ def _sources(data: Mapping[str, Any], base: Path | None, origin: str) -> list[So
             storage_options=dict(options) if options is not None else None,
             columns=_columns(src, where, origin),
             read=_source_read(src, where, origin),
+            split=src.get("split"),
+            config=src.get("config"),
+            passes=src.get("passes"),
         ))
     return sources
 
@@ -440,6 +471,8 @@ def _validate(r: Recipe) -> Recipe:
     o = r.origin
     if not _is_int(r.seed) or not 0 <= r.seed < SEED_LIMIT:
         raise _bad(o, "", "seed", "an integer in [0, 2**63)", r.seed, _is_int(r.seed))
+    _choice(r.flush_by, "flush_by", ("chunks", "units"), o)
+    _choice(r.partial_batch, "partial_batch", ("drop", "pad"), o)
     for name in ("lanes", "seq_len", "batch_per_lane", "flush_every"):
         _positive(getattr(r, name), name, o)
     for name in ("chunk_rows", "chunk_bytes", "unit_bytes", "cache_bytes", "max_doc_bytes"):
@@ -494,6 +527,13 @@ def _validate_source(s: SourceSpec, where: str, o: str) -> None:
     _choice(s.format, "format", SOURCE_FORMATS, o, where)
     _string(s.text_field, "text_field", o, where)
     _string(s.tokens_field, "tokens_field", o, where, optional=True)
+    if s.passes is not None:
+        _positive(s.passes, "passes", o, where)
+    for key in ("split", "config"):  # which part of a Hugging Face datasets folder to read
+        _string(getattr(s, key), key, o, where, optional=True)
+        if getattr(s, key) is not None and s.format != "hf":
+            raise RecipeError(f"{o}: {where}: '{key}' applies to format = \"hf\" (a Hugging Face datasets "
+                              f"folder) only; remove it, or set format = \"hf\".")
     w = s.weight
     if not _is_number(w) or not 0 < w < math.inf:
         raise _bad(o, where, "weight", "a finite number > 0", w, _is_number(w))

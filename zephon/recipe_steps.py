@@ -39,14 +39,16 @@ def recipe_to_pipeline(recipe: Recipe, text_map: Callable | None = None, text_fi
     steps = getattr(recipe, "steps", None)
     if steps:
         return steps_to_pipeline(recipe)
-    pipe = Pipeline(recipe.seed, recipe.lanes, flush_every=recipe.flush_every, storage=recipe.storage,
+    pipe = Pipeline(recipe.seed, recipe.lanes, flush_every=recipe.flush_every, flush_by=recipe.flush_by,
+                    storage=recipe.storage,
                     origin=recipe.origin)
     read_defaults = {k: getattr(recipe, k) for k in ("chunk_rows", "chunk_bytes", "unit_bytes", "cache_bytes",
                                                     "max_doc_bytes", "oversize") if hasattr(recipe, k)}
     for s in recipe.sources:
         spec = ReadSpec(s.format, tuple(s.path), s.columns, s.text_field, s.tokens_field,
-                        storage_options=s.storage_options, **{**read_defaults, **(s.read or {})})
-        pipe = pipe.source(s.name, spec, s.weight)
+                        storage_options=s.storage_options, split=s.split,
+                        config=s.config, **{**read_defaults, **(s.read or {})})
+        pipe = pipe.source(s.name, spec, s.weight, s.passes)
     field_names = {s.tokens_field or s.text_field for s in recipe.sources}
     for field in sorted(field_names):
         names = [s.name for s in recipe.sources if (s.tokens_field or s.text_field) == field]
@@ -60,11 +62,32 @@ def recipe_to_pipeline(recipe: Recipe, text_map: Callable | None = None, text_fi
                                      else text_sources, name="text_filter")
         pipe = pipe.tokenize(recipe.tokenizer, field, sources=srcs)
     pipe = pipe.split(recipe.split_len)
-    pipe = pipe.mix(by=recipe.mix_by)
+    pipe = pipe.mix(by=recipe.mix_by, schedule=recipe.mix_schedule)
     if recipe.shuffle_buffer > 0:
         pipe = pipe.shuffle(recipe.shuffle_buffer)
     pipe = pipe.pack(recipe.seq_len, recipe.pack.algorithm, recipe.pack.max_open_bins, recipe.tokenizer.pad_id)
-    return pipe.batch(recipe.batch_per_lane)
+    return pipe.batch(recipe.batch_per_lane, recipe.partial_batch)
+
+
+def load_pipeline(ref: Any) -> Any:
+    """A pipeline or recipe from a reference: a :class:`Pipeline` or :class:`Recipe` as it is, a recipe
+    file path (``.toml``), or ``"package.module:name"`` naming a Pipeline (or a function of no arguments
+    that returns one) — how the Torchtitan and Megatron-LM plugins take a builder pipeline from their
+    command lines."""
+    from .recipe import load_recipe
+
+    if isinstance(ref, (Pipeline, Recipe)):
+        return ref
+    if not isinstance(ref, str) or not ref:
+        raise RecipeError(f"a pipeline reference must be a recipe path or 'module:name', got {ref!r}")
+    if ":" in ref and not ref.endswith(".toml") and "://" not in ref:
+        obj = _import(ref, f"pipeline reference {ref!r}")
+        if callable(obj) and not isinstance(obj, Pipeline):
+            obj = obj()
+        if not isinstance(obj, (Pipeline, Recipe)):
+            raise RecipeError(f"{ref} is {type(obj).__name__}, not a zephon.Pipeline (or a function returning one)")
+        return obj
+    return load_recipe(ref)
 
 
 # -- [[steps]] recipes -----------------------------------------------------------------------------------
@@ -97,14 +120,16 @@ def _tokenizer(value: Any, where: str) -> TokenizerSpec:
 
 def steps_to_pipeline(recipe: Recipe) -> Pipeline:
     """A ``[[steps]]`` recipe (its tables kept on ``recipe.steps``) as a pipeline."""
-    pipe = Pipeline(recipe.seed, recipe.lanes, flush_every=recipe.flush_every, storage=recipe.storage,
+    pipe = Pipeline(recipe.seed, recipe.lanes, flush_every=recipe.flush_every, flush_by=recipe.flush_by,
+                    storage=recipe.storage,
                     origin=recipe.origin)
     read_defaults = {k: getattr(recipe, k) for k in ("chunk_rows", "chunk_bytes", "unit_bytes", "cache_bytes",
                                                     "max_doc_bytes", "oversize") if hasattr(recipe, k)}
     for s in recipe.sources:
         spec = ReadSpec(s.format, tuple(s.path), tuple(s.columns) if s.columns else None, s.text_field,
-                        s.tokens_field, storage_options=s.storage_options, **{**read_defaults, **(s.read or {})})
-        pipe = pipe.source(s.name, spec, s.weight)
+                        s.tokens_field, storage_options=s.storage_options, split=s.split,
+                        config=s.config, **{**read_defaults, **(s.read or {})})
+        pipe = pipe.source(s.name, spec, s.weight, s.passes)
     for i, table in enumerate(recipe.steps):
         where = f"{recipe.origin}: [[steps]] #{i + 1}"
         t = dict(table)
@@ -132,9 +157,17 @@ def _step(pipe: Pipeline, op: Any, t: dict[str, Any], where: str) -> Pipeline:
     if op == "tokenize_chat":
         tok = _tokenizer(t.pop("tokenizer", None), where)
         return pipe.tokenize_chat(tok, t.pop("template", None), **t)
+    if op == "decode_images":  # zephon/ops/image.py
+        return pipe.decode_images(**t)
+    if op == "tokenize_images":  # zephon/ops/image_tokens.py
+        return pipe.tokenize_images(_tokenizer(t.pop("tokenizer", None), where), **t)
     if op == "split":
         return pipe.split(**t)
     if op == "mix":
+        if "schedule" in t:
+            from .recipe import _schedule
+
+            t["schedule"] = _schedule(t["schedule"], where, "schedule")
         return pipe.mix(**t)
     if op == "shuffle":
         return pipe.shuffle(**t)
@@ -146,7 +179,8 @@ def _step(pipe: Pipeline, op: Any, t: dict[str, Any], where: str) -> Pipeline:
     if op == "batch":
         return pipe.batch(**t)
     raise RecipeError(f"{where}: unknown op {op!r} (map, filter, flat_map, map_batch, map_field, filter_field, "
-                      f"tokenize, tokenize_chat, split, mix, shuffle, accumulate, pack, batch)")
+                      f"tokenize, tokenize_chat, decode_images, tokenize_images, split, mix, shuffle, accumulate, "
+                      f"pack, batch)")
 
 
 # -- writing TOML --------------------------------------------------------------------------------------
@@ -178,14 +212,20 @@ def _tok_table(spec: TokenizerSpec) -> dict[str, Any]:
 
 def pipeline_to_toml(pipe: Pipeline) -> str:
     from .ops.chat import TokenizeChat
+    from .ops.image import DecodeImages
+    from .ops.image_tokens import TokenizeImages
     from .ops.split import Split
     from .ops.tokenize import Tokenize
     from .ops.transforms import FieldFilter, FieldMap, _FunctionTransform
 
     lines = ["# written by zephon Pipeline.to_recipe()", f"seed = {pipe.seed}", f"lanes = {pipe.lanes}",
-             f"flush_every = {pipe.flush_every}", ""]
+             f"flush_every = {pipe.flush_every}", f"flush_by = {_toml_value(pipe.flush_by)}", ""]
     for s in pipe.sources:
         r = s.read
+        if r.format == "memory":
+            raise ValueError(f"source '{s.name}' is an in-memory source (zephon.read.records / read.table), which a "
+                             f"recipe cannot hold: write it to a file first (e.g. pyarrow.parquet.write_table) and "
+                             f"read that with zephon.read.parquet")
         lines += ["[[sources]]", f"name = {_toml_value(s.name)}", f"format = {_toml_value(r.format)}",
                   f"path = {_toml_value(list(r.path))}", f"weight = {_toml_value(s.weight)}"]
         if r.tokens_field:
@@ -194,6 +234,11 @@ def pipeline_to_toml(pipe: Pipeline) -> str:
             lines.append(f"text_field = {_toml_value(r.text_field)}")
         if r.columns is not None:
             lines.append(f"columns = {_toml_value(list(r.columns))}")
+        if s.passes is not None:
+            lines.append(f"passes = {s.passes}")
+        for key in ("split", "config"):  # format = "hf"
+            if getattr(r, key, None) is not None:
+                lines.append(f"{key} = {_toml_value(getattr(r, key))}")
         read = {k: getattr(r, k) for k in ("chunk_rows", "chunk_bytes", "unit_bytes", "cache_bytes", "max_doc_bytes",
                                            "oversize")}
         lines.append(f"read = {_toml_value(read)}")
@@ -209,6 +254,10 @@ def pipeline_to_toml(pipe: Pipeline) -> str:
                 t["on_error"] = step.on_error
             if step.token_fields:
                 raise ValueError(f"operator '{step.name}': token_fields cannot be written to a recipe yet")
+        elif isinstance(step, DecodeImages):
+            t = {"op": "decode_images", **step.to_table()}
+        elif isinstance(step, TokenizeImages):
+            t = {"op": "tokenize_images", "tokenizer": _tok_table(step.spec), **step.to_table()}
         elif isinstance(step, TokenizeChat):
             t = {"op": "tokenize_chat", "tokenizer": _tok_table(step.spec), "template": step.template_text,
                  "field": step.field, "loss_on": step.loss_on, "add_eos": step.add_eos}
@@ -220,6 +269,9 @@ def pipeline_to_toml(pipe: Pipeline) -> str:
             t = {"op": "split", "max_tokens": step.max_tokens}
         elif isinstance(step, MixStep):
             t = {"op": "mix", "by": step.by, **({"weights": step.weights} if step.weights else {})}
+            if step.schedule is not None:
+                t["schedule"] = {"interpolate": step.schedule.interpolate,
+                                 "points": [{"step": p, "weights": dict(w)} for p, w in step.schedule.points]}
         elif isinstance(step, ShuffleStep):
             t = {"op": "shuffle", "buffer": step.buffer}
         elif isinstance(step, AccumulateStep):
@@ -228,7 +280,7 @@ def pipeline_to_toml(pipe: Pipeline) -> str:
             t = {"op": "pack", "seq_len": step.seq_len, "algorithm": step.algorithm,
                  "max_open_bins": step.max_open_bins, "pad_id": step.pad_id}
         elif isinstance(step, BatchStep):
-            t = {"op": "batch", "rows_per_lane": step.rows_per_lane}
+            t = {"op": "batch", "rows_per_lane": step.rows_per_lane, "partial": step.partial}
         else:
             raise ValueError(f"operator '{step.name}' ({type(step).__name__}) cannot be written to a recipe")
         if getattr(step, "sources", None) is not None:

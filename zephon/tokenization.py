@@ -201,6 +201,26 @@ class Tokenizer:
         flat = np.fromiter(itertools.chain.from_iterable(ids), dtype=np.int32, count=int(lengths.sum()))
         return self.frame(flat, lengths)
 
+    def encode_plain(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+        """Tokenize ``texts`` without BOS/EOS (pieces of one document, framed later by the caller): one
+        batched backend call; returns ``(tokens int32 [T], lengths int64 [n])``."""
+        ids = self._encode(texts) if texts else []
+        lengths = np.fromiter((len(x) for x in ids), dtype=np.int64, count=len(ids))
+        return np.fromiter(itertools.chain.from_iterable(ids), dtype=np.int32, count=int(lengths.sum())), lengths
+
+    def token_id(self, token: str) -> int | None:
+        """The id of one vocabulary entry by its text (e.g. a special token ``<|image_pad|>``), None if absent."""
+        kind, b = self.spec.kind, self._backend
+        if kind == "huggingface":
+            return b.token_to_id(token)
+        if kind == "sentencepiece":
+            tid = b.piece_to_id(token)
+            return tid if b.id_to_piece(tid) == token else None  # an unknown piece maps to <unk>
+        try:
+            return b.encode_single_token(token)
+        except KeyError:
+            return None
+
     def frame(self, flat: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Documents given as ``flat`` ids (int32 [T]) and their ``lengths`` (int64 [n]), framed with the
         recipe's BOS/EOS: ``(tokens int32, offsets int64 [n+1])``. Pre-tokenized sources come in here."""

@@ -7,6 +7,8 @@ back ``zephon verify`` and the test suite.
 
 from __future__ import annotations
 
+import contextlib
+
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
@@ -24,10 +26,27 @@ def _loaders(pipe: Any, world_size: int, program: Any, runner: Executor | str, n
                          program=program) for r in range(world_size)]
 
 
+def _global_step(loaders: list, program: Any) -> list | None:
+    """One global step of simulated ranks; with finite sources, the ranks agree on the end as a process group
+    would (all full, for partial="drop"; any with data, for "pad"). None once the data has ended."""
+    try:
+        prepared = [ld._prepare_step() for ld in loaders]
+    except StopIteration:
+        return None
+    oks = [ok for _, ok in prepared]
+    ok = all(oks) if program.partial == "drop" else any(oks)
+    if not ok:  # every rank ends here (and records it in its state)
+        for ld, (rows, _) in zip(loaders, prepared):
+            with contextlib.suppress(StopIteration):
+                ld._finish_step(rows, False)
+        return None
+    return [ld._finish_step(rows, True) for ld, (rows, _) in zip(loaders, prepared)]
+
+
 def _shared_executor(program: Any, num_workers: int, runner: str) -> Executor | None:
     """One executor (inline, threads or a process pool) shared by all ranks of the simulation; whole-lane
     runners (``runner="process"``) belong to each loader."""
-    if runner == "process" and num_workers:
+    if runner in ("process", "ray-lanes") and num_workers:
         return None
     return make_executor(_KIND.get(runner, runner) if num_workers else "inline", program.stages, num_workers)
 
@@ -58,7 +77,12 @@ def _run(pipe: Any, program: Any, world_size: int, steps: int, num_workers: int,
         if state is not None:
             for ld in loaders:
                 ld.load_state_dict(state)
-        hashes = [global_digest([next(ld) for ld in loaders]) for _ in range(steps)]
+        hashes = []
+        for _ in range(steps):
+            batch = _global_step(loaders, program)
+            if batch is None:  # finite sources: the data ended at this step, on every rank
+                break
+            hashes.append(global_digest(batch))
         return hashes, merge_states([ld.state_dict() for ld in loaders])
     finally:
         for ld in loaders:

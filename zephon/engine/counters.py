@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Mapping
 
+WINDOW_DOCS = 1024  # documents per lane in a window of the realised mixture (metrics)
+
 
 @dataclass
 class LaneCounters:
@@ -21,6 +23,16 @@ class LaneCounters:
     skipped_records: int = 0
     source_tokens: dict = field(default_factory=dict)
     skipped_by_reason: dict = field(default_factory=dict)  # blank_records, filtered_records, failed_records...
+    window_docs: int = 0  # documents taken in the current window of WINDOW_DOCS
+    window_tokens: dict = field(default_factory=dict)  # per source, in the current window
+    last_window_tokens: dict = field(default_factory=dict)  # per source, in the last complete window
+
+    def count_window(self, source: str, tokens: int) -> None:
+        """Per-source tokens over windows of WINDOW_DOCS documents: the realised mixture lately."""
+        self.window_tokens[source] = self.window_tokens.get(source, 0) + tokens
+        self.window_docs += 1
+        if self.window_docs >= WINDOW_DOCS:
+            self.last_window_tokens, self.window_tokens, self.window_docs = self.window_tokens, {}, 0
 
     def add_counts(self, counts: Mapping[str, int]) -> None:
         for k, v in counts.items():
@@ -34,6 +46,8 @@ class LaneCounters:
     def merge(self, other: "LaneCounters") -> None:
         """Add ``other``'s totals to these."""
         for k, v in vars(other).items():
+            if k in ("window_docs", "window_tokens"):
+                continue
             if isinstance(v, dict):
                 mine = getattr(self, k)
                 for name, n in v.items():

@@ -24,7 +24,8 @@ from ..state.lane import LaneState
 from ..worker_guard import Trainer, exit_with, this_process
 from .counters import LaneCounters
 from .executors import MAIN_GUARD_HINT, Executor, ThreadExecutor, check_picklable
-from .lane import Lane, LaneProgram
+from .executors import InlineExecutor
+from .lane import Lane, LaneProgram, replay_with_events, row_digest, since_digest
 from .processes import start_worker_server
 
 
@@ -32,13 +33,16 @@ class LocalLanes:
     """Lanes as torchdata nodes in this process."""
 
     def __init__(self, program: LaneProgram, lanes: Sequence[int], executor_for: Callable[[int, int], Executor],
-                 depth: int) -> None:
-        self._lanes = [Lane(program, lane, executor_for, depth) for lane in lanes]
+                 depth: int, events: list | None = None) -> None:
+        self.events = events if events is not None else []
+        self._lanes = [Lane(program, lane, executor_for, depth, self.events) for lane in lanes]
 
     def reset(self, states: dict[int, LaneState]) -> None:
         for lane in self._lanes:
             lane.reset(states.get(lane.lane))
-        for lane in self._lanes:  # workers start on every lane's first chunks at once
+        for lane in self._lanes:  # workers start on every lane's first chunk at once, before any second one:
+            lane.prime(1)         # the first batch needs every lane, not all the chunks of the first lanes
+        for lane in self._lanes:
             lane.prime()
 
     def next_step(self) -> list[list[Row]]:
@@ -50,12 +54,29 @@ class LocalLanes:
     def counters(self) -> dict[int, LaneCounters]:
         return {lane.lane: lane.counters for lane in self._lanes}
 
+    def apply_event(self, at_step: int) -> int:
+        """An intervention (already in ``events``) from ``at_step``: lanes whose merge has decided documents
+        for that step or later are rebuilt at their last sentinel and replayed with it in force; their
+        delivered rows must replay unchanged (else :class:`InterventionTooLate`, nothing changed)."""
+        fresh = {}
+        for lane in self._lanes:
+            if lane.decided_step >= at_step:
+                lane.skip_delivered()
+                new = replay_with_events(lane.program, lane.lane, lane._state, self.events, lane.since_digest,
+                                         lane.executor_for, lane.depth)
+                new.counters.merge(lane.counters)
+                fresh[lane.lane] = new
+        self._lanes = [fresh.get(lane.lane, lane) for lane in self._lanes]
+        for lane in fresh.values():
+            lane.prime()
+        return len(fresh)
+
     def close(self) -> None:
         pass
 
 
 def _lane_worker(pipeline: Any, lanes: list[int], states: dict[int, dict], out: Any, stop: Any,
-                 trainer: Trainer) -> None:
+                 trainer: Trainer, events: list | None = None) -> None:
     """Worker process: run ``lanes`` step after step, putting one message per step on ``out``: for each of
     its lanes, in order, (lane, rows, state, counters). One message per step rather than per lane: the
     trainer's process pays a queue read (lock, pipe read, unpickle) per message. Exits when ``trainer``
@@ -70,9 +91,12 @@ def _lane_worker(pipeline: Any, lanes: list[int], states: dict[int, dict], out: 
         # one stateless thread per lane process, one chunk ahead per (lane, source, stage): this process's
         # main thread runs the accumulators while the next chunks are read and tokenized
         executor = ThreadExecutor(program.stages, 1)
-        nodes = [Lane(program, lane, lambda s, k: executor, 1) for lane in lanes]
+        shared = list(events or [])
+        nodes = [Lane(program, lane, lambda s, k: executor, 1, shared) for lane in lanes]
         for node in nodes:
             node.reset(states.get(node.lane))
+        for node in nodes:
+            node.prime(1)
         for node in nodes:
             node.prime()
         while not stop.is_set():
@@ -110,8 +134,10 @@ class ProcessLanes:
     """Whole lanes on ``num_workers`` worker processes, computing up to ``prefetch`` steps ahead."""
 
     def __init__(self, pipeline: Any, program: LaneProgram, lanes: Sequence[int], num_workers: int,
-                 prefetch: int = 4) -> None:
+                 prefetch: int = 4, events: list | None = None) -> None:
         self.pipeline, self.program, self.lanes = pipeline, program, list(lanes)
+        self.events = events if events is not None else []
+        self._since: dict[int, list[bytes]] = {}  # per lane: digests of the rows delivered since its sentinel
         self.num_workers = max(1, min(num_workers, len(self.lanes)))
         self.prefetch = max(1, prefetch)
         check_picklable(program.stages)
@@ -121,8 +147,12 @@ class ProcessLanes:
         self._counters: dict[int, LaneCounters] = {lane: LaneCounters() for lane in self.lanes}
 
     def reset(self, states: dict[int, LaneState]) -> None:
+        self._start({k: v.to_dict() for k, v in states.items()})
+        self._since = {}
+
+    def _start(self, states: dict[int, dict]) -> None:
         self.close()
-        self._states = {k: v.to_dict() for k, v in states.items()}
+        self._states = dict(states)
         self._counters = {lane: LaneCounters() for lane in self.lanes}
         self._stop = self._ctx.Event()
         self._queues, self._procs = [], []
@@ -131,7 +161,7 @@ class ProcessLanes:
             q = self._ctx.Queue(maxsize=self.prefetch)  # steps ahead
             proc = self._ctx.Process(target=_lane_worker, name=f"zephon-lanes-{k}", daemon=True,
                                      args=(self.pipeline, mine, {x: self._states[x] for x in mine if x in self._states},
-                                           q, self._stop, this_process()))
+                                           q, self._stop, this_process(), list(self.events)))
             proc.start()
             self._queues.append(q)
             self._procs.append(proc)
@@ -160,6 +190,10 @@ class ProcessLanes:
         for i, lane in enumerate(self.lanes):  # worker k holds lanes[k::num_workers], in order
             got, rows, state, counters = next(steps[i % self.num_workers])
             assert got == lane, f"lane worker returned lane {got}, expected {lane}"
+            previous = self._states.get(lane)
+            since = self._since.get(lane, []) if previous and previous["sentinels"] == state["sentinels"] else []
+            since += [row_digest(r) for r in rows]
+            self._since[lane] = since[len(since) - state["rows_since_flush"]:] if state["rows_since_flush"] else []
             self._states[lane] = state
             self._counters[lane] = LaneCounters(**counters)
             rows_per_lane.append(rows)
@@ -170,6 +204,19 @@ class ProcessLanes:
 
     def counters(self) -> dict[int, LaneCounters]:
         return self._counters
+
+    def apply_event(self, at_step: int) -> int:
+        """An intervention (already in ``events``): check in this process that every lane's delivered rows
+        replay unchanged with it in force, then restart the lane workers from the delivered states."""
+        local = InlineExecutor(self.program.stages)
+        for lane in self.lanes:
+            state = self.program.parse_state(self._states[lane], lane) if lane in self._states else \
+                LaneState.initial(self.program.names)
+            replay_with_events(self.program, lane, state, self.events, since_digest(self._since.get(lane, [])),
+                               lambda s, k: local, 1)
+        if self._procs:
+            self._start(self._states)
+        return len(self.lanes)
 
     def close(self) -> None:
         if not self._procs:

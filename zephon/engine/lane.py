@@ -13,15 +13,19 @@ and the already-delivered rows are skipped.
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
 from typing import Any, Callable
+
+import numpy as np
 
 from torchdata.nodes import BaseNode
 
 from ..ops.base import LaneContext, call_factory
 from ..plan import WorkPlan
-from ..records import Flush, Row
+from ..records import INPUT_IDS, Flush, Row
 from ..state.lane import LaneState, StateError, parse_lane_state
+from .clock import LaneClock
 from .counters import LaneCounters
 from .executors import Executor
 from .nodes import AccumulatorNode, MergeNode
@@ -45,10 +49,20 @@ class LaneProgram:
     rows_per_lane: int
     flush_every: int
     seq_len: int
+    flush_by: str = "units"
     max_empty_units: list[int] = field(default_factory=list)
+    token_fields: dict[str, tuple[Any, Any]] = field(default_factory=dict)  # name -> (dtype, default)
+    finite: bool = False  # some source stops after its passes: lanes end, the loader agrees on when
+    partial: str = "drop"  # the last global batch some lanes cannot fill: "drop" it, or "pad" it
 
-    def context(self, lane: int, state: LaneState) -> LaneContext:
-        return LaneContext(self.seed, lane, state.sentinels, tuple(self.names), state.carry)
+    def empty_row(self) -> Row:
+        """A row of padding only: what an ended lane delivers until every lane has ended (or the batch is
+        dropped); it has every per-token field the pipeline's rows have."""
+        fields = self.token_fields or {INPUT_IDS: (np.int32, 0)}
+        return Row(self.seq_len, {k: np.zeros(self.seq_len, dtype=dt) for k, (dt, _) in fields.items()})
+
+    def context(self, lane: int, state: LaneState, clock: LaneClock | None = None) -> LaneContext:
+        return LaneContext(self.seed, lane, state.sentinels, tuple(self.names), state.carry, clock)
 
     def parse_state(self, d: Any, lane: int, check_plan: bool = True) -> LaneState:
         return parse_lane_state(d, lane, self.names, self.seq_len, self.plan if check_plan else None)
@@ -58,17 +72,21 @@ class Lane(BaseNode[list[Row]]):
     """Yields the ``rows_per_lane`` rows of ``lane`` for each global step."""
 
     def __init__(self, program: LaneProgram, lane: int, executor_for: Callable[[int, int], Executor],
-                 depth: int) -> None:
+                 depth: int, events: list | None = None) -> None:
         super().__init__()
         self.program, self.lane, self.executor_for, self.depth = program, lane, executor_for, depth
         self.counters = LaneCounters()
+        self.events = events if events is not None else []  # mixture interventions (shared with the loader)
         self._state = LaneState.initial(program.names)
 
     # -- construction ---------------------------------------------------------------------------
     def _build(self, state: LaneState) -> BaseNode:
         p = self.program
-        ctx = p.context(self.lane, state)
-        policy = FlushPolicy(p.flush_every)
+        self.clock = clock = LaneClock(p.seq_len, p.rows_per_lane, self.events)
+        c_j, t_j, c_prev, t_prev = state.clock
+        clock.start(state.sentinels, c_j, t_j, c_prev, t_prev)
+        ctx = p.context(self.lane, state, clock)
+        policy = FlushPolicy(p.flush_every, p.flush_by)
         streams = []
         for s, (src, name) in enumerate(zip(p.plan.sources, p.names)):
             position = state.positions[name]
@@ -77,7 +95,8 @@ class Lane(BaseNode[list[Row]]):
                 node = StageBuffer(node, self.executor_for(s, k), s, k, self.depth)
             streams.append(SourceStream(s, name, node, position, policy,
                                         EmptySourceWatch(name, p.max_empty_units[s]), self.counters))
-        chain: BaseNode = MergeNode(call_factory(p.merge, ctx), streams, policy, state.sentinels, self.counters)
+        chain: BaseNode = MergeNode(call_factory(p.merge, ctx), streams, policy, state.sentinels, self.counters,
+                                    clock)
         for name, factory in p.steps:
             chain = AccumulatorNode(chain, call_factory(factory, ctx), name)
         return chain
@@ -91,35 +110,68 @@ class Lane(BaseNode[list[Row]]):
         self._rows.reset(None)
         self._segment_start = self._state  # state at the last sentinel seen
         self._since = 0  # rows emitted after that sentinel
+        self._received = self._state.clock[0]  # rows received from the chain since the lane began (C)
+        self.ended = False  # the chain has no more rows: the lane delivers padding rows
+        self._since_rows: list[bytes] = []  # digests of the rows since that sentinel (to check a replay)
         self._to_skip = self._state.rows_since_flush  # replay-and-skip, on the first next()
 
-    def prime(self) -> None:
+    def prime(self, limit: int | None = None) -> None:
         """Submit the first stateless tasks of every source now (a host calls this for all its lanes
-        before pulling any, so that workers start on every lane at once)."""
-        self._rows.prime()
+        before pulling any, so that workers start on every lane at once); ``limit`` per (source, stage)."""
+        self._rows.prime(limit)
 
     def _next_row(self) -> Row:
         while True:
-            item = next(self._rows)
+            if self.ended:
+                item = self.program.empty_row()
+                self._since += 1
+                self._since_rows.append(row_digest(item))
+                return item
+            try:
+                item = next(self._rows)
+            except StopIteration:  # every source of the lane has stopped, and the packer emitted all it held
+                self.ended = True
+                continue
             if isinstance(item, Flush):
                 if self._to_skip:
                     raise StateError(f"lane {self.lane}: the state says {self._state.rows_since_flush} rows were "
                                      f"delivered after its last sentinel, but the segment after that sentinel "
                                      f"holds only {self._since}. The state was edited or does not belong to this "
                                      f"data; resume from the state as it was written.")
+                clock = self.clock
+                clock.rows_at[item.index] = self._received
+                clock.mixed_at[item.index] = item.mixed
+                clock.forget_before(item.index)
                 self._segment_start = LaneState(item.index, dict(zip(self.program.names, item.positions)), 0,
-                                                item.carry)
+                                                item.carry, tuple(clock.snapshot(item.index)))
                 self._since = 0
+                self._since_rows = []
                 continue
             self._since += 1
+            self._received += 1
+            self._since_rows.append(row_digest(item))
             return item
 
-    def next(self) -> list[Row]:
+    def skip_delivered(self) -> None:
+        """Replay the rows the state says were delivered since its sentinel (done by the first next())."""
         if self._to_skip:
             while self._to_skip:
                 self._next_row()
                 self._to_skip -= 1
             self.counters.clear()  # the replayed work was counted by the run that wrote the checkpoint
+
+    @property
+    def since_digest(self) -> str:
+        """Digest of the rows since the last sentinel (after :meth:`skip_delivered`: the replayed ones)."""
+        return since_digest(self._since_rows)
+
+    @property
+    def decided_step(self) -> int:
+        """The latest step the lane's merge has decided documents for (see :mod:`zephon.engine.clock`)."""
+        return self.clock.decided
+
+    def next(self) -> list[Row]:
+        self.skip_delivered()
         rows = [self._next_row() for _ in range(self.program.rows_per_lane)]
         c = self.counters
         for row in rows:
@@ -128,11 +180,38 @@ class Lane(BaseNode[list[Row]]):
             if row.flushed:
                 c.flush_pad_tokens += row.free
         start = self._segment_start
-        self._state = LaneState(start.sentinels, start.positions, self._since, start.carry, start.events)
+        self._state = LaneState(start.sentinels, start.positions, self._since, start.carry, start.clock)
         return rows
 
     def get_state(self) -> dict[str, Any]:
         return self._state.to_dict()
+
+
+def row_digest(row: Row) -> bytes:
+    """A short digest of a packed row (its tokens and tail labels), to compare a replay with delivery."""
+    h = hashlib.blake2b(row.tokens[:row.fill].tobytes(), digest_size=16)
+    h.update(np.asarray(row.tails, dtype=np.int64).tobytes())
+    return h.digest()
+
+
+def since_digest(row_digests: list[bytes]) -> str:
+    return hashlib.blake2b(b"".join(row_digests), digest_size=16).hexdigest()
+
+
+class InterventionTooLate(ValueError):
+    """A mixture intervention for a step whose data a lane has already delivered."""
+
+
+def replay_with_events(program: LaneProgram, lane: int, state: LaneState, events: list, expect: str,
+                       executor_for: Callable[[int, int], Executor], depth: int) -> "Lane":
+    """A lane rebuilt at ``state`` with ``events`` in force, its delivered rows replayed and checked against
+    ``expect`` (the digest of what was delivered): an intervention must not change delivered data."""
+    fresh = Lane(program, lane, executor_for, depth, events)
+    fresh.reset(state)
+    fresh.skip_delivered()
+    if fresh.since_digest != expect:
+        raise InterventionTooLate(lane)
+    return fresh
 
 
 def lane_depth(num_workers: int) -> int:

@@ -34,10 +34,11 @@ class MergeNode(BaseNode):
     """Interleaves the lane's source streams into one record stream with flush sentinels."""
 
     def __init__(self, merge: Any, streams: Sequence[SourceStream], policy: FlushPolicy, sentinels: int,
-                 counters: LaneCounters) -> None:
+                 counters: LaneCounters, clock: Any = None) -> None:
         super().__init__()
         self.merge, self.streams, self.policy = merge, list(streams), policy
         self.counters = counters
+        self.clock = clock  # the lane's step clock: counts the tokens taken, records them at sentinels
         self._sentinels = sentinels
         self._queue: deque = deque()
 
@@ -48,9 +49,9 @@ class MergeNode(BaseNode):
         for stream in self.streams:
             stream.chunks.reset(None)
 
-    def prime(self) -> None:
+    def prime(self, limit: int | None = None) -> None:
         for stream in self.streams:
-            stream.chunks.prime()
+            stream.chunks.prime(limit)
 
     def get_state(self) -> dict[str, Any]:
         return {"sentinels": self._sentinels, "positions": {s.name: list(s.position) for s in self.streams}}
@@ -60,15 +61,30 @@ class MergeNode(BaseNode):
         self._sentinels += 1
         self.policy.reset()
         self.counters.flushes += 1
-        self._queue.append(Flush(self._sentinels, tuple(s.position for s in self.streams)))
+        mixed = 0
+        if self.clock is not None:
+            mixed = self.clock.mixed
+            self.clock.mixed_at[self._sentinels] = mixed
+            self.clock.segment = self._sentinels
+        self._queue.append(Flush(self._sentinels, tuple(s.position for s in self.streams), mixed=mixed))
 
     def next(self) -> Any:
         queue = self._queue
+        clock = self.clock
         while not queue:
+            if clock is not None:
+                step = clock.step()
+                if step > clock.decided:
+                    clock.decided = step
             s = self.merge.next_source()
+            if s < 0:  # every source the mixer may choose has ended: so has this lane's data
+                raise StopIteration
             doc, flush_due = self.streams[s].take()
-            if doc is None:  # a unit completed empty and made a flush due: the choice is made again after it
-                self._sentinel()
+            if doc is None:
+                if self.streams[s].ended:  # a finite source's last document was taken: choose among the rest
+                    self.merge.source_ended(s)
+                    continue
+                self._sentinel()  # a unit completed empty and made a flush due: the choice is made again after it
                 continue
             n = len(doc[INPUT_IDS]) if INPUT_IDS in doc else 0
             c = self.counters
@@ -78,8 +94,11 @@ class MergeNode(BaseNode):
             else:
                 c.pieces_split += 1
             c.doc_tokens += n
+            if clock is not None:
+                clock.mixed += n
             name = self.streams[s].name
             c.source_tokens[name] = c.source_tokens.get(name, 0) + n
+            c.count_window(name, n)
             queue.extend(self.merge.push_from(doc, s))
             if flush_due:
                 self._sentinel()
@@ -104,8 +123,8 @@ class AccumulatorNode(BaseNode):
         self._ended = False
         self.upstream.reset(None)
 
-    def prime(self) -> None:
-        self.upstream.prime()
+    def prime(self, limit: int | None = None) -> None:
+        self.upstream.prime(limit)
 
     def get_state(self) -> dict[str, Any]:
         return {"operator": self.name, "sentinels_passed": self._sentinels}

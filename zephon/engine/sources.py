@@ -67,8 +67,9 @@ class StageBuffer(BaseNode[Chunk]):
         self._exhausted = False
         self.upstream.reset(initial_state)
 
-    def _fill(self) -> None:
-        while not self._exhausted and len(self._pending) < self.depth:
+    def _fill(self, limit: int | None = None) -> None:
+        limit = self.depth if limit is None else min(limit, self.depth)
+        while not self._exhausted and len(self._pending) < limit:
             try:
                 item = next(self.upstream)
             except StopIteration:
@@ -76,11 +77,12 @@ class StageBuffer(BaseNode[Chunk]):
                 return
             self._pending.append(self.executor.submit(self.source, self.stage, item))
 
-    def prime(self) -> None:
-        """Submit up to ``depth`` items now, before the first ``next()`` (and the upstream stages' too)."""
+    def prime(self, limit: int | None = None) -> None:
+        """Submit up to ``limit`` (default ``depth``) items now, before the first ``next()`` (and the upstream
+        stages' too)."""
         if isinstance(self.upstream, StageBuffer):
-            self.upstream.prime()
-        self._fill()
+            self.upstream.prime(limit)
+        self._fill(limit)
 
     def next(self) -> Chunk:
         self._fill()
@@ -121,6 +123,7 @@ class SourceStream:
         self.policy, self.watch, self.counters = policy, watch, counters
         self._chunk: Chunk | None = None
         self._k = 0
+        self.ended = False  # a source that stops after some passes has given its last document
 
     def _open(self, chunk: Chunk) -> None:
         """Per-chunk Python lists: read once per document, where numpy scalar indexing would cost more
@@ -148,11 +151,15 @@ class SourceStream:
 
     def take(self) -> tuple[Doc | None, bool]:
         """The next document and whether a flush is due after it (document None: due before it, when a
-        unit completed without giving one)."""
+        unit completed without giving one; or the source has ended, :attr:`ended`)."""
         while True:
             chunk = self._chunk
             if chunk is None:
-                chunk = next(self.chunks)
+                try:
+                    chunk = next(self.chunks)
+                except StopIteration:
+                    self.ended = True
+                    return None, False
                 if chunk.n == 0:
                     if chunk.unit_end:
                         self.watch.empty_unit()

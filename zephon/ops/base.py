@@ -32,7 +32,7 @@ purpose) only, so that a lane rebuilt at a sentinel draws the same numbers.
 from __future__ import annotations
 
 import inspect
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, ClassVar, Iterable, Sequence
 
 import numpy as np
@@ -51,6 +51,7 @@ class LaneContext:
     segment: int = 0
     sources: tuple[str, ...] = ()
     carry: int = 0
+    clock: Any = field(default=None, compare=False)  # the lane's step clock (zephon.engine.clock.LaneClock)
 
     def rng(self, purpose: str | int) -> np.random.Generator:
         """A generator seeded by (seed, lane, segment, purpose) only."""
@@ -137,12 +138,17 @@ class Merge(Accumulator):
     kind = "merge"
 
     def next_source(self) -> int:
-        """Index of the source whose next record must be pushed next."""
+        """Index of the source whose next record must be pushed next (-1: none is left)."""
         raise NotImplementedError(type(self))
 
     def push_from(self, record: Any, source: int) -> Iterable[Any]:
         """``record`` is the next record of source ``source`` (the one :meth:`next_source` named)."""
         return self.push(record)
+
+    def source_ended(self, source: int) -> None:
+        """Source ``source`` stopped (after its passes): never name it again; :meth:`next_source` returns -1
+        once no source is left."""
+        raise NotImplementedError(f"{type(self).__name__} does not handle sources that stop")
 
 
 AccumulatorFactory = Callable[..., Any]

@@ -17,6 +17,11 @@ Worked example, weights 0.7/0.3 by documents (integer weights 7 and 3, M = 21, s
     picks: web code web web code web web code web web | web code ... (7 web and 3 code in every 10)
 
 At a flush sentinel the counts restart from zero, exactly as a mixer built at that point would.
+
+**Weights that change** (a :class:`~zephon.ops.schedule.Schedule`, or ``loader.set_mixture``): before
+each decision the mixer asks the lane's clock (:mod:`zephon.engine.clock`) which step the decision
+belongs to and takes the weights in force for that step; when they change, the counts restart (the
+mixture is exact within each window of constant weights). A source of weight 0 is never chosen.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from ..records import INPUT_IDS
 from .base import Merge
+from .schedule import Schedule, weights_in_force
 
 MIX_BY = ("tokens", "documents")
 MAX_DENOMINATOR = 10_000  # weights are read as exact ratios with denominators up to this
@@ -52,34 +58,76 @@ class Mix(Merge):
     """The weighted fair mixer over the pipeline's sources (see the module docstring).
 
     ``weights`` is one weight per source, in source order (the pipeline passes the sources' weights,
-    or ``mix(weights={...})``).
+    or ``mix(weights={...})``); ``schedule`` changes them over steps; ``clock`` is the lane's step clock
+    (needed for a schedule or interventions; its ``events`` are the interventions in force).
     """
 
     kind = "mix"
 
-    def __init__(self, weights: Sequence[float], by: str = "tokens", names: Sequence[str] = ()) -> None:
+    def __init__(self, weights: Sequence[float], by: str = "tokens", names: Sequence[str] = (),
+                 schedule: Schedule | None = None, clock: Any = None) -> None:
         if by not in MIX_BY:
             raise ValueError(f"mix(by={by!r}): use one of {MIX_BY}")
         super().__init__("mix")
         self.by, self.names = by, tuple(names)
         self.raw_weights = [float(w) for w in weights]
-        self.weights = integer_weights(self.raw_weights)
-        self.strides = integer_strides(self.raw_weights)
-        self.total_weight = sum(self.weights)
         self.by_tokens = by == "tokens"
-        self._taken = [0] * len(self.weights)
+        self.schedule, self.clock = schedule, clock
+        self._step: int | None = None
+        self._ended: set[int] = set()
+        self._set(self.raw_weights)
+
+    def _set(self, weights: Sequence[float]) -> None:
+        """Use ``weights`` (0 for a source never chosen) from now on; the counts restart."""
+        self.current = list(weights)
+        weights = [0.0 if s in self._ended else w for s, w in enumerate(weights)]
+        active = [w for w in weights if w > 0]
+        if not active:  # nothing left to choose from
+            self.weights = self.strides = [0] * len(weights)
+            self.total_weight, self._taken = 0, [0] * len(weights)
+            return
+        ints, strides = integer_weights(active), integer_strides(active)
+        self.weights, self.strides = [0] * len(weights), [0] * len(weights)
+        k = 0
+        for s, w in enumerate(weights):
+            if w > 0:
+                self.weights[s], self.strides[s] = ints[k], strides[k]
+                k += 1
+        self.total_weight = sum(self.weights)
+        self._taken = [0] * len(weights)
 
     def describe(self) -> dict[str, Any]:
-        return {"op": self.kind, "by": self.by, "weights": dict(zip(self.names, self.raw_weights))
-                if self.names else self.raw_weights}
+        d: dict[str, Any] = {"op": self.kind, "by": self.by,
+                             "weights": dict(zip(self.names, self.raw_weights)) if self.names else self.raw_weights}
+        if self.schedule is not None:
+            d["schedule"] = self.schedule.describe()
+        return d
+
+    def _refresh(self) -> None:
+        """The weights in force for the step of the next decision (a schedule or interventions)."""
+        step = self.clock.step()
+        if step == self._step:
+            return
+        self._step = step
+        base = dict(zip(self.names, self.raw_weights))
+        w = weights_in_force(self.schedule, base, self.clock.events, step)
+        weights = [w[n] for n in self.names]
+        if weights != self.current:
+            self._set(weights)
+
+    def source_ended(self, source: int) -> None:
+        self._ended.add(source)
+        self._set(self.current)
 
     def next_source(self) -> int:
+        if self.clock is not None and (self.schedule is not None or self.clock.events):
+            self._refresh()
         if len(self.weights) == 1:
-            return 0
+            return -1 if self._ended else 0
         taken, total, big_w = self._taken, sum(self._taken), self.total_weight
         best, best_key = -1, 0
         for s, (w, m) in enumerate(zip(self.weights, self.strides)):
-            if taken[s] * big_w <= total * w:  # eligible: not ahead of its share (one always is)
+            if w and taken[s] * big_w <= total * w:  # eligible: not ahead of its share (one always is)
                 key = (taken[s] + 1) * m
                 if best < 0 or key < best_key:
                     best, best_key = s, key

@@ -32,7 +32,7 @@ from .lane import MAX_INT, StateError
 
 STATE_FORMAT = "zephon.loader_state"
 STATE_VERSION = 3  # 3: pipelines (graph fingerprint); positions [unit_seq, cursor, skip]; sentinels; digest
-_HEADER = ("format", "version", "fingerprint", "step")
+_HEADER = ("format", "version", "fingerprint", "step", "events", "ended")
 _HOW = "Pass the state exactly as loader.state_dict(), zephon.merge_states() or zephon.load_state() returned it."
 
 
@@ -48,7 +48,8 @@ def state_digest(state: Mapping[str, Any]) -> str:
 def lane_digest(state: Mapping[str, Any], lane: str, lane_state: Mapping[str, Any]) -> str:
     """The integrity digest of one lane's state within a state (see the module docstring)."""
     body = {k: v for k, v in lane_state.items() if k != "digest"} if isinstance(lane_state, Mapping) else lane_state
-    return _sha({"fingerprint": state.get("fingerprint"), "step": state.get("step"), "lane": lane, "state": body})
+    # 128 bits per lane: integrity against accidents, and a checkpoint stays small (hundreds of lanes)
+    return _sha({"fingerprint": state.get("fingerprint"), "step": state.get("step"), "lane": lane, "state": body})[:32]
 
 
 def seal(state: dict[str, Any]) -> dict[str, Any]:
@@ -137,8 +138,12 @@ def merge_states(states: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         check_container(s, f"state #{i}")
     first = states[0]
     for i, s in enumerate(states):
-        for key in ("version", "fingerprint", "step"):
+        for key in ("version", "fingerprint", "step", "events"):
             if s.get(key) != first.get(key):
+                if key == "events":
+                    raise StateError(f"state #{i} (rank {s.get('rank')}) has the mixture interventions "
+                                     f"{s.get(key)!r} but state #0 (rank {first.get('rank')}) has {first.get(key)!r}: "
+                                     f"the ranks disagree on set_mixture; every rank must issue the same calls.")
                 raise StateError(f"state #{i} has {key}={s.get(key)!r} but state #0 has {first.get(key)!r}: "
                                  f"these states do not come from the same checkpoint.")
     lanes: dict[str, Any] = {}

@@ -8,7 +8,10 @@
   stateless operators make from that cursor were already taken (pieces of a split document, outputs
   of a flat_map);
 - ``rows_since_flush``: rows of this lane delivered after that sentinel;
-- ``carry``: tokens after that sentinel that went into the row before it (the packer's top-up).
+- ``carry``: tokens after that sentinel that went into the row before it (the packer's top-up);
+- ``clock``: ``[C_j, T_j, C_{j-1}, T_{j-1}]``, the lane's step clock at that sentinel and the one before
+  (rows the lane had received, tokens its merge had taken: :mod:`zephon.engine.clock`), so that a
+  rebuilt lane assigns its mixing decisions to the same steps.
 
 A state is untrusted input: :func:`parse_lane_state` checks every field's type and range, and each
 position against the work plan (the unit exists for this lane; the cursor lies inside it). What can only
@@ -19,7 +22,7 @@ rows must exist before the next sentinel, and ``carry`` tokens before it too.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 MAX_INT = 2 ** 53  # integers in a state stay exact in any JSON reader
@@ -37,15 +40,11 @@ class LaneState:
     positions: dict[str, tuple[int, int, int]]
     rows_since_flush: int
     carry: int = 0
-    events: tuple = field(default=())  # mixture interventions in force (zephon.ops.schedule), oldest first
+    clock: tuple[int, int, int, int] = (0, 0, 0, 0)
 
     def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"sentinels": self.sentinels,
-                               "positions": {k: list(v) for k, v in self.positions.items()},
-                               "rows_since_flush": self.rows_since_flush, "carry": self.carry}
-        if self.events:
-            out["events"] = [list(e) for e in self.events]
-        return out
+        return {"sentinels": self.sentinels, "positions": {k: list(v) for k, v in self.positions.items()},
+                "rows_since_flush": self.rows_since_flush, "carry": self.carry, "clock": list(self.clock)}
 
     @staticmethod
     def initial(names: Sequence[str]) -> "LaneState":
@@ -60,7 +59,7 @@ def _int(value: Any, where: str, lo: int, hi: int = MAX_INT) -> int:
     return value
 
 
-_KEYS = {"sentinels", "positions", "rows_since_flush", "carry"}
+_KEYS = {"sentinels", "positions", "rows_since_flush", "carry", "clock"}
 
 
 def parse_lane_state(d: Any, lane: int, names: Sequence[str], max_carry: int, plan: Any = None) -> LaneState:
@@ -70,13 +69,13 @@ def parse_lane_state(d: Any, lane: int, names: Sequence[str], max_carry: int, pl
     if not isinstance(d, Mapping):
         raise StateError(f"{where}: a lane state must be an object {{sentinels, positions, rows_since_flush, carry}}, "
                          f"got {type(d).__name__}")
-    unknown = set(d) - _KEYS - {"events", "digest"}
+    unknown = set(d) - _KEYS - {"digest"}
     missing = _KEYS - set(d)
     if unknown or missing:
         raise StateError(f"{where}: the lane state has " + "; ".join(
             ([f"unknown fields {sorted(unknown)}"] if unknown else []) + ([f"no {sorted(missing)}"] if missing else []))
-            + ". A lane state is {sentinels, positions: {source: [unit_seq, cursor, skip]}, rows_since_flush, carry}: "
-              "pass the state exactly as state_dict() or merge_states() returned it.")
+            + ". A lane state is {sentinels, positions: {source: [unit_seq, cursor, skip]}, rows_since_flush, carry, "
+              "clock}: pass the state exactly as state_dict() or merge_states() returned it.")
     sentinels = _int(d["sentinels"], f"{where}: sentinels", 0)
     rows = _int(d["rows_since_flush"], f"{where}: rows_since_flush", 0)
     carry = _int(d["carry"], f"{where}: carry", 0, max(1, max_carry))
@@ -99,8 +98,13 @@ def parse_lane_state(d: Any, lane: int, names: Sequence[str], max_carry: int, pl
         if plan is not None and cursor >= 0:
             _check_cursor(plan.sources[i], lane, unit_seq, cursor, at)
         parsed[name] = (unit_seq, cursor, skip)
-    events = tuple(tuple(e) for e in d.get("events", ()))
-    return LaneState(sentinels, parsed, rows, carry, events)
+    clock = d["clock"]
+    if not isinstance(clock, (list, tuple)) or len(clock) != 4:
+        raise StateError(f"{where}: clock must be [rows, tokens, rows before, tokens before], got {clock!r:.60}")
+    c_j, t_j, c_prev, t_prev = (_int(v, f"{where}: clock[{i}]", 0) for i, v in enumerate(clock))
+    if c_prev > c_j or t_prev > t_j or (sentinels == 0 and (c_j, t_j, c_prev, t_prev) != (0, 0, 0, 0)):
+        raise StateError(f"{where}: clock {list(clock)} goes backwards (or is not zero before the first sentinel)")
+    return LaneState(sentinels, parsed, rows, carry, (c_j, t_j, c_prev, t_prev))
 
 
 def _check_cursor(source: Any, lane: int, unit_seq: int, cursor: int, at: str) -> None:

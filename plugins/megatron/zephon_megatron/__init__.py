@@ -6,7 +6,8 @@
 - :func:`install_checkpoint_hook` / :func:`save_data_state`: the lane-keyed data state next to every
   checkpoint, resumable at any data-parallel size that divides the recipe's lanes;
 - ``python -m zephon_megatron.pretrain_gpt``: Megatron-LM's ``pretrain_gpt.py`` wired to all of it;
-- ``python -m zephon_megatron.plan``: which Megatron numbers fit a recipe.
+- ``python -m zephon_megatron.plan``: which Megatron numbers fit a recipe;
+- :func:`set_mixture`: a loss-driven change of the training mixture from the training loop.
 
 Importing this package does not import Megatron (so the launcher can put a Megatron-LM checkout
 on ``sys.path`` first).
@@ -24,6 +25,7 @@ from .provider import (
                        megatron_args_defaults,
                        reset,
                        save_data_state,
+                       set_mixture,
                        train_valid_test_datasets_provider,
                        wrap_save_checkpoint,
 )
@@ -32,6 +34,7 @@ __all__ = [
     "Layout", "MegatronBatches", "ZephonMegatronError", "active_iterators", "add_zephon_args",
     "build_data_iterators", "check_fit", "data_state_dir", "find_data_state", "install_checkpoint_hook",
     "iteration_dir", "layout_from_megatron", "make_datasets_provider", "megatron_args_defaults",
-    "read_data_state", "reset", "row_cu_seqlens", "save_data_state", "train_valid_test_datasets_provider",
+    "read_data_state", "reset", "row_cu_seqlens", "save_data_state", "set_mixture",
+    "train_valid_test_datasets_provider",
     "wrap_save_checkpoint", "write_data_state",
 ]

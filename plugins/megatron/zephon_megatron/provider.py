@@ -33,7 +33,8 @@ def add_zephon_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """``extra_args_provider`` for Megatron-LM: the ``--zephon-*`` options."""
     g = parser.add_argument_group("zephon", "Zephon data loader (zephon_megatron)")
     g.add_argument("--zephon-recipe", type=str, default=None,
-                   help="Zephon recipe (TOML) of the training data. Fixes --seq-length (seq_len) and "
+                   help="Zephon recipe (TOML) of the training data, or a builder pipeline as package.module:name "
+                        "(a zephon.Pipeline or a function returning one). Fixes --seq-length (seq_len) and "
                         "--global-batch-size (lanes * batch_per_lane); the data-parallel size must divide lanes.")
     g.add_argument("--zephon-valid-recipe", type=str, default=None,
                    help="Zephon recipe of the validation data (same seq_len and lanes*batch_per_lane as the "
@@ -155,14 +156,14 @@ def build_data_iterators(args: Any, layout: Layout | None = None, vp_stage: int 
                                   f"use --dataloader-type external.")
     if layout is None:
         layout = layout_from_megatron(args.micro_batch_size, vp_stage)
-    recipe = zephon.load_recipe(args.zephon_recipe)
+    recipe = zephon.load_pipeline(args.zephon_recipe)  # a recipe path, or "package.module:name" of a Pipeline
     check_fit(recipe, layout, seq_length=getattr(args, "seq_length", None),
               global_batch_size=getattr(args, "global_batch_size", None),
               rampup_batch_size=getattr(args, "rampup_batch_size", None))
     valid_recipe = None
     eval_iters = getattr(args, "eval_iters", 0) or 0
     if getattr(args, "zephon_valid_recipe", None):
-        valid_recipe = zephon.load_recipe(args.zephon_valid_recipe)
+        valid_recipe = zephon.load_pipeline(args.zephon_valid_recipe)
         check_fit(valid_recipe, layout, seq_length=getattr(args, "seq_length", None),
                   global_batch_size=getattr(args, "global_batch_size", None), option="--zephon-valid-recipe")
     elif not isinstance(eval_iters, int) or eval_iters > 0:
@@ -191,6 +192,29 @@ def build_data_iterators(args: Any, layout: Layout | None = None, vp_stage: int 
                          f"{train.loader.lanes.start}..{train.loader.lanes.stop - 1} of {recipe.lanes}: "
                          f"{layout.num_microbatches} micro-batches of {layout.micro_batch_size} rows per iteration")
     return train, valid, None
+
+
+def set_mixture(weights: dict[str, float], at_iteration: int) -> int:
+    """A loss-driven intervention from the training loop: the training data's mixture becomes ``weights``
+    (source name -> weight) from Megatron iteration ``at_iteration`` on (one iteration is one Zephon global
+    batch). Call it on every rank that runs the training loop, with the same arguments (decide on one rank,
+    e.g. from per-domain losses, and broadcast first): the data-parallel ranks compare their calls and a
+    mismatch is an error naming them. Ranks that read no data (later pipeline stages) do nothing. Returns
+    the number of this rank's lanes that were rebuilt to apply it."""
+    active = _ACTIVE.get("train")
+    if active is None:
+        return 0
+    batches, _ = active
+    step = batches.resume_step + (int(at_iteration) - batches.resume_iteration)
+    group = None
+    try:
+        from megatron.core import parallel_state
+
+        if parallel_state.model_parallel_is_initialized():
+            group = parallel_state.get_data_parallel_group()
+    except ImportError:  # megatron-core missing: a plain process group, or one process
+        pass
+    return batches.loader.set_mixture(weights, at_step=step, group=group)
 
 
 def _register(split: str, it: MegatronBatches, layout: Layout) -> None:

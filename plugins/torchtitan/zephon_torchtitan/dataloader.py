@@ -39,7 +39,7 @@ TRAINER_TOKENIZER = "@hf_assets_path"
 
 HEADER_KEY = "zephon"
 LANE_PREFIX = "lane_"
-_HEADER_FIELDS = ("format", "version", "fingerprint", "pipeline", "step", "digest")
+_HEADER_FIELDS = ("format", "version", "fingerprint", "pipeline", "step", "events", "ended", "digest")
 
 
 def lane_key(lane: int) -> str:
@@ -68,6 +68,12 @@ def resolve_recipe(path: str, hf_assets_path: str | None = None, *, seed: int | 
     if not path:
         raise ValueError("ZephonDataLoader needs a recipe: set --dataloader.recipe path/to/recipe.toml "
                          "(see recipes/torchtitan/).")
+    changes = {k: v for k, v in (("seed", seed), ("lanes", lanes), ("batch_per_lane", batch_per_lane),
+                                 ("flush_every", flush_every)) if v is not None}
+    if not isinstance(path, str) or (":" in path and not path.endswith(".toml") and not Path(path).is_file()):
+        # a builder pipeline: the object itself (a Python config), or "package.module:name"
+        pipe = zephon.load_pipeline(path)
+        return pipe.replace(**changes) if changes else pipe
     p = Path(path)
     if not p.is_file():
         raise FileNotFoundError(f"Zephon recipe not found: {path} (--dataloader.recipe; relative paths "
@@ -91,8 +97,6 @@ def resolve_recipe(path: str, hf_assets_path: str | None = None, *, seed: int | 
                                     f"not exist; point --hf_assets_path at a folder holding tokenizer.json.")
         data = {**data, "tokenizer": {**tok, "kind": "huggingface", "path": str(tokenizer_json.resolve())}}
     recipe = zephon.recipe_from_dict(data, base_dir=p.parent.resolve(), origin=str(p))
-    changes = {k: v for k, v in (("seed", seed), ("lanes", lanes), ("batch_per_lane", batch_per_lane),
-                                 ("flush_every", flush_every)) if v is not None}
     return recipe.replace(**changes) if changes else recipe
 
 
@@ -175,8 +179,9 @@ class ZephonDataLoader(BaseDataLoader):
     class Config(BaseDataLoader.Config):
         # (``dataset`` / ``dataset_path`` are inherited from BaseDataLoader.Config and ignored.)
         recipe: str = ""
-        """Zephon recipe (TOML), relative to the working directory. (ZephonTrainer gives a validator
-        loader with no recipe the training one.)"""
+        """Zephon recipe (TOML), relative to the working directory, or a builder pipeline:
+        ``package.module:name`` (a zephon.Pipeline, or a function returning one), or the Pipeline object
+        itself in a Python config. (ZephonTrainer gives a validator loader with no recipe the training one.)"""
 
         seed: int | None = None
         """Replace the recipe's seed (a different run: new shard orders, routing, shuffles)."""
@@ -301,6 +306,12 @@ class ZephonDataLoader(BaseDataLoader):
                     f"{self.step} (dp degree {self.dp_world_size})")
 
     # -- extras ---------------------------------------------------------------------------------------
+    def set_mixture(self, weights: dict[str, float], at_step: int) -> int:
+        """A loss-driven intervention: ``weights`` (source -> weight) from global step ``at_step`` on (a
+        Torchtitan step is one Zephon global batch). Call it on every rank with the same arguments (e.g.
+        after an all-reduce of per-domain losses); the ranks are compared and a mismatch is an error."""
+        return self._loader.set_mixture(weights, at_step)
+
     def metrics(self) -> dict[str, Any]:
         """Zephon's loader metrics (tokens/s, padding, flush cost, per-lane progress)."""
         return self._loader.metrics()

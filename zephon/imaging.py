@@ -1,0 +1,350 @@
+"""Image decoding, orientation, resizing and patching as pure functions of (bytes, parameters).
+
+Used by the image operators (:mod:`zephon.ops.image`); everything here is deterministic: the same bytes
+and the same :class:`ImageSpec` give the same pixels on every machine that has the same library
+versions (pin Pillow and simplejpeg as you pin your tokenizer library: ``.ci/constraints.txt``).
+
+The path of one image::
+
+    bytes --sniff--> JPEG | PNG | WEBP | GIF | BMP      (anything else: "not_an_image", never handed to a codec)
+          --header--> (h, w), EXIF orientation          (h * w > max_image_pixels: "oversized", nothing decoded)
+          --decode at 1/s--> RGB uint8 [h/s, w/s, 3]     (s in 1, 2, 4, 8: DCT scaling, JPEG only)
+          --orient--> [H0, W0, 3]                         (the 8 EXIF orientations)
+          --resize--> [H, W, 3]                           (one resampling step, filter pinned)
+          --patchify--> [H/p * W/p, p*p*3]                (optional; 2x2 merge groups contiguous)
+
+Untrusted input: only the five formats above ever reach a codec (Pillow is given the one format the
+bytes claim, so none of its other plugins, e.g. EPS, which runs Ghostscript, can be reached); the pixel
+count is checked from the header before anything is decoded (a decompression bomb costs a header
+read); a truncated or corrupt stream is an error of the codec (libjpeg-turbo's warnings are errors here:
+``strict=True``), reported as :class:`BadImage` with a reason, never a partial image.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+import struct
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+# Why an image was skipped (the operators count ``skipped_images`` and ``skipped_images.<reason>``).
+BAD_REASONS = ("missing", "empty", "not_an_image", "oversized", "aspect_ratio", "corrupt", "bad_path")
+MAX_ASPECT = 200  # "fit" refuses longer/shorter side ratios above this (Qwen2-VL's limit)
+JPEG_DECODERS = ("simplejpeg", "pillow")
+RESAMPLE = ("bicubic", "bilinear", "lanczos", "box", "nearest")
+DEFAULT_MAX_IMAGE_PIXELS = 1 << 26  # 67 Mpx (8192 x 8192): below Pillow's own 89 Mpx warning threshold
+_DCT_SCALES = (8, 4, 2, 1)
+_ORIENTATION_TAG = 0x0112
+
+
+class BadImage(ValueError):
+    """An image that cannot be used: ``reason`` is one of :data:`BAD_REASONS`, ``detail`` says why."""
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(f"{reason}: {detail}")
+        self.reason, self.detail = reason, detail
+
+
+@dataclass(frozen=True)
+class ImageSpec:
+    """Everything that decides the pixels of a decoded image.
+
+    ``mode`` "crop": scale so that the image covers ``size`` (height, width), centre crop to it (the
+    shortest side to the target, as torchvision's Resize + CenterCrop, in one resampling step).
+    ``mode`` "fit": keep the aspect ratio, round each side to a multiple of ``patch_size * merge`` and
+    keep ``min_pixels <= H * W <= max_pixels`` (Qwen2-VL's ``smart_resize``, exactly).
+    """
+
+    mode: str = "fit"
+    size: tuple[int, int] | None = None  # crop: (height, width)
+    min_pixels: int = 56 * 56
+    max_pixels: int = 448 * 448
+    patch_size: int = 14
+    merge: int = 1
+    resample: str = "bicubic"
+    max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS
+    jpeg_decoder: str = "pillow"
+    reduced_decode: bool = True  # DCT-scaled JPEG decoding when the target is at most half the size
+
+    @property
+    def factor(self) -> int:
+        """Both sides of every output are multiples of this (a merge group, in pixels)."""
+        return self.patch_size * self.merge
+
+
+# -- what the bytes are -----------------------------------------------------------------------------------
+def sniff_format(data: bytes) -> str | None:
+    """The image format the leading bytes announce (``"JPEG"``, ``"PNG"``, ``"WEBP"``, ``"GIF"``, ``"BMP"``),
+    or None: the allow-list of formats Zephon decodes."""
+    if data[:3] == b"\xff\xd8\xff":
+        return "JPEG"
+    if data[:8] == b"\x89PNG\r\n\x1a\n":
+        return "PNG"
+    if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
+        return "WEBP"
+    if data[:6] in (b"GIF87a", b"GIF89a"):
+        return "GIF"
+    if data[:2] == b"BM" and len(data) >= 26:
+        return "BMP"
+    return None
+
+
+def jpeg_orientation(data: bytes) -> int:
+    """The EXIF orientation (1..8) of a JPEG, read from its first ``Exif`` APP1 segment (1 when absent
+    or unreadable). Walks the marker segments up to the first scan: a few steps, no decoding."""
+    i, n = 2, len(data)
+    while i + 4 <= n:
+        if data[i] != 0xFF:
+            return 1
+        marker = data[i + 1]
+        if marker == 0xFF:  # fill byte
+            i += 1
+            continue
+        if marker in (0x01, 0xD8) or 0xD0 <= marker <= 0xD7:  # segments without a length
+            i += 2
+            continue
+        if marker in (0xDA, 0xD9):  # start of scan, end of image: no EXIF before it
+            return 1
+        length = int.from_bytes(data[i + 2:i + 4], "big")
+        if length < 2:
+            return 1
+        if marker == 0xE1 and data[i + 4:i + 10] == b"Exif\x00\x00":
+            return tiff_orientation(data[i + 10:i + 2 + length])
+        i += 2 + length
+    return 1
+
+
+def tiff_orientation(tiff: bytes) -> int:
+    """The orientation tag of IFD0 of a TIFF structure (an EXIF block), 1 when absent or malformed."""
+    if len(tiff) < 8 or tiff[:2] not in (b"II", b"MM"):
+        return 1
+    order = "little" if tiff[:2] == b"II" else "big"
+    if int.from_bytes(tiff[2:4], order) != 42:
+        return 1
+    ifd = int.from_bytes(tiff[4:8], order)
+    if ifd + 2 > len(tiff):
+        return 1
+    for k in range(min(int.from_bytes(tiff[ifd:ifd + 2], order), 1024)):
+        entry = ifd + 2 + 12 * k
+        if entry + 12 > len(tiff):
+            break
+        if int.from_bytes(tiff[entry:entry + 2], order) != _ORIENTATION_TAG:
+            continue
+        kind = int.from_bytes(tiff[entry + 2:entry + 4], order)
+        if kind == 3:  # SHORT, left-justified in the value field
+            value = int.from_bytes(tiff[entry + 8:entry + 10], order)
+        elif kind == 4:  # LONG
+            value = int.from_bytes(tiff[entry + 8:entry + 12], order)
+        else:
+            return 1
+        return value if 1 <= value <= 8 else 1
+    return 1
+
+
+def orient(pixels: np.ndarray, orientation: int) -> np.ndarray:
+    """``pixels`` [H, W, C] as displayed for an EXIF ``orientation`` (what Pillow's ``exif_transpose`` does)."""
+    if orientation == 2:
+        out = pixels[:, ::-1]
+    elif orientation == 3:
+        out = pixels[::-1, ::-1]
+    elif orientation == 4:
+        out = pixels[::-1]
+    elif orientation == 5:
+        out = pixels.transpose(1, 0, 2)
+    elif orientation == 6:
+        out = np.rot90(pixels, -1)
+    elif orientation == 7:
+        out = pixels[::-1, ::-1].transpose(1, 0, 2)
+    elif orientation == 8:
+        out = np.rot90(pixels, 1)
+    else:
+        return pixels
+    return np.ascontiguousarray(out)
+
+
+# -- sizes ------------------------------------------------------------------------------------------------
+def smart_resize(height: int, width: int, factor: int, min_pixels: int, max_pixels: int) -> tuple[int, int]:
+    """Qwen2-VL's target size: each side a multiple of ``factor``, the area within [min_pixels, max_pixels],
+    the aspect ratio kept as closely as that allows (``transformers``' arithmetic, to the last rounding;
+    the caller refuses aspect ratios over :data:`MAX_ASPECT` first, as ``transformers`` does)."""
+    h_bar = round(height / factor) * factor
+    w_bar = round(width / factor) * factor
+    if h_bar * w_bar > max_pixels:
+        beta = math.sqrt((height * width) / max_pixels)
+        h_bar = max(factor, math.floor(height / beta / factor) * factor)
+        w_bar = max(factor, math.floor(width / beta / factor) * factor)
+    elif h_bar * w_bar < min_pixels:
+        beta = math.sqrt(min_pixels / (height * width))
+        h_bar = math.ceil(height * beta / factor) * factor
+        w_bar = math.ceil(width * beta / factor) * factor
+    return h_bar, w_bar
+
+
+def output_size(height: int, width: int, spec: ImageSpec) -> tuple[int, int]:
+    """The (height, width) an image of ``height`` x ``width`` (as displayed) is resized to."""
+    if spec.mode == "crop":
+        assert spec.size is not None
+        return spec.size
+    return smart_resize(height, width, spec.factor, spec.min_pixels, spec.max_pixels)
+
+
+def coverage_size(height: int, width: int, spec: ImageSpec) -> tuple[int, int]:
+    """The size the whole image is scaled to before any crop: what a reduced decode must not go below."""
+    th, tw = output_size(height, width, spec)
+    if spec.mode != "crop":
+        return th, tw
+    r = max(th / height, tw / width)
+    return math.ceil(height * r), math.ceil(width * r)
+
+
+def dct_scale(height: int, width: int, need_h: int, need_w: int) -> int:
+    """The largest s in 8, 4, 2, 1 with ``height // s >= need_h`` and ``width // s >= need_w`` (Pillow's
+    ``draft`` rule: decoding at 1/s still gives at least the needed size, so only a much smaller target
+    is ever decoded reduced)."""
+    limit = min(height // max(1, need_h), width // max(1, need_w))
+    return next(s for s in _DCT_SCALES if s <= max(1, limit))
+
+
+def crop_box(height: int, width: int, th: int, tw: int) -> tuple[float, float, float, float]:
+    """The centred box of an image of ``height`` x ``width`` with the target's aspect ratio (Pillow's
+    ``(left, upper, right, lower)``, sub-pixel)."""
+    r = max(th / height, tw / width)
+    cw, ch = min(float(width), tw / r), min(float(height), th / r)  # the full side, not one ulp past it
+    return (width - cw) / 2, (height - ch) / 2, (width + cw) / 2, (height + ch) / 2
+
+
+# -- decoding ---------------------------------------------------------------------------------------------
+def _resample(name: str) -> Any:
+    from PIL import Image
+
+    return {"bicubic": Image.Resampling.BICUBIC, "bilinear": Image.Resampling.BILINEAR,
+            "lanczos": Image.Resampling.LANCZOS, "box": Image.Resampling.BOX,
+            "nearest": Image.Resampling.NEAREST}[name]
+
+
+def decode_image(data: Any, spec: ImageSpec) -> np.ndarray:
+    """Decode, orient, convert to RGB and resize one image: uint8 ``[H, W, 3]`` (see the module docstring).
+
+    Raises :class:`BadImage` for anything that is not a usable image."""
+    if data is None:
+        raise BadImage("missing", "no image in the record")
+    if isinstance(data, (bytearray, memoryview)):
+        data = bytes(data)
+    if not isinstance(data, bytes):
+        raise BadImage("not_an_image", f"a {type(data).__name__}, not image bytes")
+    if not data:
+        raise BadImage("empty", "zero bytes")
+    fmt = sniff_format(data)
+    if fmt is None:
+        raise BadImage("not_an_image", f"{len(data)} bytes in no image format Zephon decodes (JPEG, PNG, WebP, "
+                                       f"GIF, BMP), starting {data[:8]!r}")
+    if fmt == "JPEG" and spec.jpeg_decoder == "simplejpeg":
+        pixels = _decode_simplejpeg(data, spec)
+        if pixels is not None:
+            return pixels
+    return _decode_pillow(data, fmt, spec)
+
+
+def _check_pixels(height: int, width: int, spec: ImageSpec) -> None:
+    if height <= 0 or width <= 0:
+        raise BadImage("corrupt", f"the header says {width} x {height} pixels")
+    if height * width > spec.max_image_pixels:
+        raise BadImage("oversized", f"{width} x {height} = {height * width} pixels exceeds max_image_pixels = "
+                                    f"{spec.max_image_pixels}")
+    if spec.mode == "fit" and max(height, width) > MAX_ASPECT * min(height, width):
+        raise BadImage("aspect_ratio", f"{width} x {height} pixels: a side ratio over {MAX_ASPECT} cannot be fitted "
+                                       f"to the patch grid")
+
+
+def _needed(height: int, width: int, orientation: int, spec: ImageSpec) -> tuple[int, int]:
+    """The least stored-orientation size a reduced decode may give (the display size swaps for 5..8)."""
+    shown = (width, height) if orientation >= 5 else (height, width)
+    need_h, need_w = coverage_size(shown[0], shown[1], spec)
+    return (need_w, need_h) if orientation >= 5 else (need_h, need_w)
+
+
+def _decode_simplejpeg(data: bytes, spec: ImageSpec) -> np.ndarray | None:
+    """libjpeg-turbo through simplejpeg; None for a colour space it cannot convert to RGB (CMYK, YCCK:
+    Pillow decodes those; the choice depends on the header only)."""
+    import simplejpeg
+
+    try:
+        height, width, colorspace, _ = simplejpeg.decode_jpeg_header(data)
+    except ValueError as exc:
+        raise BadImage("corrupt", f"unreadable JPEG header ({exc})") from None
+    if colorspace in ("CMYK", "YCCK"):
+        return None
+    _check_pixels(height, width, spec)
+    orientation = jpeg_orientation(data)
+    s = 1
+    if spec.reduced_decode:
+        s = dct_scale(height, width, *_needed(height, width, orientation, spec))
+    try:
+        pixels = simplejpeg.decode_jpeg(data, colorspace="RGB", fastdct=False, fastupsample=False,
+                                        min_height=-(-height // s), min_width=-(-width // s), min_factor=s,
+                                        strict=True)
+    except ValueError as exc:
+        raise BadImage("corrupt", f"JPEG decoding failed ({exc})") from None
+    if pixels.shape[:2] != (-(-height // s), -(-width // s)):  # libjpeg-turbo chose another scale
+        raise AssertionError(f"simplejpeg decoded {pixels.shape} for {height} x {width} at 1/{s}")
+    shown = (width, height) if orientation >= 5 else (height, width)
+    return resize(orient(pixels, orientation), spec, *shown)
+
+
+def _decode_pillow(data: bytes, fmt: str, spec: ImageSpec) -> np.ndarray:
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        with Image.open(io.BytesIO(data), formats=[fmt]) as im:
+            width, height = im.size
+            _check_pixels(height, width, spec)
+            orientation = im.getexif().get(_ORIENTATION_TAG, 1)
+            orientation = orientation if isinstance(orientation, int) and 1 <= orientation <= 8 else 1
+            if fmt == "JPEG" and spec.reduced_decode:
+                need_h, need_w = _needed(height, width, orientation, spec)
+                if dct_scale(height, width, need_h, need_w) > 1:
+                    im.draft("RGB", (need_w, need_h))  # the same 1/s: Pillow's rule is dct_scale's
+            pixels = np.asarray(im.convert("RGB"))
+    except BadImage:
+        raise
+    except Image.DecompressionBombError as exc:
+        raise BadImage("oversized", str(exc)) from None
+    except UnidentifiedImageError:  # the bytes start like a {fmt} file, but its codec cannot open them
+        raise BadImage("corrupt", f"a {fmt} signature, but no readable {fmt} header") from None
+    except (OSError, SyntaxError, ValueError, EOFError, IndexError, TypeError, struct.error) as exc:
+        raise BadImage("corrupt", f"{fmt} decoding failed ({type(exc).__name__}: {exc})") from None
+    shown = (width, height) if orientation >= 5 else (height, width)
+    return resize(orient(pixels, orientation), spec, *shown)
+
+
+def resize(pixels: np.ndarray, spec: ImageSpec, height: int, width: int) -> np.ndarray:
+    """``pixels`` (as displayed, perhaps decoded at 1/s) resized to :func:`output_size` of the image's
+    displayed size ``height`` x ``width``: a reduced decode lands on the same size as a full one."""
+    from PIL import Image
+
+    th, tw = output_size(height, width, spec)
+    h, w = pixels.shape[:2]
+    box = crop_box(h, w, th, tw) if spec.mode == "crop" else (0.0, 0.0, float(w), float(h))
+    if (h, w) == (th, tw) and box == (0.0, 0.0, float(w), float(h)):
+        return np.ascontiguousarray(pixels)
+    out = Image.fromarray(np.ascontiguousarray(pixels)).resize((tw, th), resample=_resample(spec.resample), box=box)
+    return np.asarray(out)
+
+
+# -- patches ----------------------------------------------------------------------------------------------
+def patchify(pixels: np.ndarray, patch_size: int, merge: int = 1) -> np.ndarray:
+    """``[H, W, C]`` pixels as ``[H/p * W/p, p*p*C]`` patches (each patch row-major, channels last).
+
+    Patches are in row-major order of ``merge x merge`` groups, and row-major inside each group, so that
+    the ``merge**2`` patches a model merges into one token are consecutive (Qwen2-VL's order). Both sides
+    must be multiples of ``patch_size * merge``."""
+    h, w, c = pixels.shape
+    p, m = patch_size, merge
+    if h % (p * m) or w % (p * m):
+        raise ValueError(f"an image of {h} x {w} pixels is not a whole number of {p * m}-pixel merge groups")
+    gh, gw = h // p, w // p
+    grid = pixels.reshape(gh // m, m, p, gw // m, m, p, c).transpose(0, 3, 1, 4, 2, 5, 6)
+    return np.ascontiguousarray(grid).reshape(gh * gw, p * p * c)

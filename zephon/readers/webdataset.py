@@ -1,0 +1,458 @@
+"""WebDataset tar shards: samples grouped by key, planned from an index of member offsets.
+
+A shard is a tar file whose members are grouped into *samples* exactly as the ``webdataset`` package
+groups them: a member ``dir/000123.seg.jpg`` has the key ``dir/000123`` and the extension ``seg.jpg``
+(lower-cased); consecutive members with the same key form one sample; non-regular members (folders,
+links, devices), names without an extension and ``__meta__``-style names are left out; an extension twice
+in one sample is an error.
+
+**The index.** Each shard is indexed once: its 512-byte tar headers are read and every member's data
+skipped (GNU long names, pax ``path``/``size`` records and ustar prefixes understood; sparse members
+refused), giving per sample its key and per member its extension, data offset and size. The index is
+kept per process and, when a cache folder is given (``read.webdataset(..., index_cache=...)``, or the
+recipe's ``[storage] cache_dir``), as a JSON sidecar keyed by the shard's URL, size and version (ETag,
+generation or mtime). A sidecar is untrusted: it must match the shard's size and version, carry a valid
+checksum and describe members that fit the shard (in order, block-aligned, inside the file); otherwise
+the shard is scanned again and the sidecar rewritten. Nothing in a shard or a sidecar is executed.
+
+**Units and chunks.** Coordinates are sample numbers in a shard. A unit is a whole shard when a source
+has at least as many shards as lanes (planning then reads no index at all), else a range of samples; a
+chunk is ``chunk_rows`` samples, aligned to the shard's start, read with one ranged read of the bytes
+from its first wanted member to its last (split only around gaps of unwanted bytes over 1 MiB, such as
+an oversize member or a column not asked for): never a whole-shard download per lane.
+
+**Records.** One field per column: ``columns=["jpg", "txt"]`` reads those extensions; ``"jpg;jpeg;png"``
+takes the first of several present and names the field after the first; ``"image=jpg;png"`` names it
+``image``; ``"__key__"`` is the sample key; ``"*"`` (the default) reads the key and every member, one field
+per extension. (Give every source of a pipeline the same payload fields: a rank's batch has a payload key
+only when one of its documents has that field.)
+A member absent from a sample is None. Members are bytes, but ``txt`` and ``text`` members, which are
+decoded as UTF-8 (invalid UTF-8 is an error naming the shard and the sample). A member larger than
+``[read] max_doc_bytes`` is handled by ``[read] oversize``: skipped (None), truncated (text members only;
+a binary member is skipped) or an error.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import struct
+import tempfile
+from dataclasses import dataclass
+from typing import Any, BinaryIO, Sequence
+
+import fsspec
+import numpy as np
+
+from .base import DEFAULT_DOC_LIMIT, LRU, DocLimit, RawChunk, SourceError, Unit, chunks_in_groups, units_of_groups, \
+    utf8_prefix
+
+BLOCK = 512
+ZERO_BLOCK = bytes(BLOCK)
+MAX_META_BYTES = 1 << 20  # a GNU long name or a pax header larger than this is refused
+MAX_SIDECAR_BYTES = 256 << 20
+READ_GAP = 1 << 20  # unwanted bytes between two wanted members past which a chunk is read in two requests
+TEXT_EXTENSIONS = ("txt", "text")
+INDEX_FORMAT = "zephon-webdataset-index"
+INDEX_VERSION = 1
+SIDECAR_FOLDER = "zephon-wds-index-v1"
+_META = re.compile(r"__[^/]*__($|/)")  # webdataset's skip_meta
+_KEY_EXT = re.compile(r"^((?:.*/|)[^.]+)[.]([^/]*)$")  # webdataset's base_plus_ext
+_REGULAR = (b"0", b"\x00", b"7")
+_INDEXES = LRU(4096)  # (path, size, version) -> ShardIndex, shared by this process's readers
+
+
+@dataclass(frozen=True, eq=False)
+class ShardIndex:
+    """Where each sample's members are in one shard. Sample ``k``'s members are ``first[k]..first[k+1]-1``."""
+
+    size: int  # the shard's size in bytes
+    keys: list[str]
+    first: np.ndarray  # int64 [n+1]
+    exts: list[str]  # per member
+    offsets: np.ndarray  # int64 [m]: where each member's data starts
+    sizes: np.ndarray  # int64 [m]
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    def to_json(self, path: str, version: str) -> bytes:
+        body = {"path": path, "size": self.size, "version": version, "keys": self.keys,
+                "first": self.first.tolist(), "exts": self.exts, "offsets": self.offsets.tolist(),
+                "sizes": self.sizes.tolist()}
+        return json.dumps({"format": INDEX_FORMAT, "version_of_format": INDEX_VERSION, "index": body,
+                           "blake2b": _digest(body)}, separators=(",", ":")).encode()
+
+
+def _digest(body: dict) -> str:
+    return hashlib.blake2b(json.dumps(body, sort_keys=True, separators=(",", ":")).encode(), digest_size=32,
+                           person=b"zephon-wds").hexdigest()
+
+
+# -- scanning a shard ------------------------------------------------------------------------------------
+def _number(field: bytes, where: str) -> int:
+    """A tar numeric field: octal digits (NUL/space padded) or GNU base-256 (high bit set)."""
+    if field[0] & 0x80:
+        if field[0] == 0xFF:
+            raise SourceError(f"{where}: a negative number in a tar header")
+        return int.from_bytes(field[1:], "big")
+    digits = field.split(b"\x00", 1)[0].strip(b" ")
+    try:
+        return int(digits, 8) if digits else 0
+    except ValueError:
+        raise SourceError(f"{where}: a tar header holds {field!r} where a number belongs (not a tar file, or a "
+                          f"corrupt one)") from None
+
+
+def _check_sum(block: bytes, where: str) -> None:
+    stored = _number(block[148:156], where)
+    unsigned = sum(block) - sum(block[148:156]) + 8 * 32
+    signed = sum(struct.unpack("148b8x356b", block)) + 8 * 32
+    if stored not in (unsigned, signed):
+        raise SourceError(f"{where}: bad tar header checksum (not a tar file, or a corrupt one)")
+
+
+def _pax(data: bytes, where: str) -> dict[str, str]:
+    """The records ``"<len> key=value\\n"`` of a pax extended header."""
+    out: dict[str, str] = {}
+    pos = 0
+    while pos < len(data) and data[pos:pos + 1] not in (b"\x00", b""):
+        space = data.find(b" ", pos)
+        try:
+            length = int(data[pos:space])
+        except ValueError:
+            raise SourceError(f"{where}: a malformed pax header") from None
+        record = data[space + 1:pos + length]
+        if space < 0 or length <= 0 or not record.endswith(b"\n") or b"=" not in record:
+            raise SourceError(f"{where}: a malformed pax header")
+        key, value = record[:-1].split(b"=", 1)
+        out[key.decode("utf-8", "surrogateescape")] = value.decode("utf-8", "surrogateescape")
+        pos += length
+    return out
+
+
+def _name(field: bytes) -> str:
+    return field.split(b"\x00", 1)[0].decode("utf-8", "surrogateescape")
+
+
+def scan_members(f: BinaryIO, size: int, where: str) -> list[tuple[str, int, int]]:
+    """``(name, data offset, size)`` of every regular member of the tar file ``f`` of ``size`` bytes, from its
+    headers alone (the data is skipped with a seek)."""
+    members: list[tuple[str, int, int]] = []
+    pos = 0
+    long_name: str | None = None
+    pax: dict[str, str] = {}
+    while True:
+        if pos + BLOCK > size:
+            if pos == size:  # no end-of-archive blocks: tolerated, as tarfile does
+                break
+            raise SourceError(f"{where}: truncated: a partial tar header at byte {pos} of {size}")
+        f.seek(pos)
+        block = f.read(BLOCK)
+        if len(block) != BLOCK:
+            raise SourceError(f"{where}: truncated: a partial tar header at byte {pos}")
+        if block == ZERO_BLOCK:
+            break
+        at = f"{where}, tar header at byte {pos}"
+        _check_sum(block, at)
+        kind = block[156:157]
+        msize = _number(block[124:136], at)
+        if kind not in (b"L", b"K", b"x", b"g") and "size" in pax:
+            if not pax["size"].isdigit():
+                raise SourceError(f"{at}: a pax size of {pax['size']!r}")
+            msize = int(pax["size"])
+        data = pos + BLOCK
+        if data + msize > size:
+            raise SourceError(f"{at}: truncated: a member of {msize} bytes runs past the end of the file "
+                              f"({size} bytes)")
+        if kind in (b"L", b"K", b"x", b"g"):  # GNU long name / link, pax header, pax global header
+            if msize > MAX_META_BYTES:
+                raise SourceError(f"{at}: a {kind.decode()} header of {msize} bytes (more than {MAX_META_BYTES})")
+            f.seek(data)
+            meta = f.read(msize)
+            if kind == b"L":
+                long_name = _name(meta)
+            elif kind == b"x":
+                pax = _pax(meta, at)
+                if any(k.startswith("GNU.sparse") for k in pax):
+                    raise SourceError(f"{at}: a sparse member; WebDataset shards hold plain files")
+        elif kind == b"S":
+            raise SourceError(f"{at}: a sparse member; WebDataset shards hold plain files")
+        else:
+            name = long_name or pax.get("path")
+            if name is None:
+                name = _name(block[0:100])
+                prefix = _name(block[345:500]) if block[257:265] == b"ustar\x0000" else ""
+                name = f"{prefix}/{name}" if prefix else name
+            if kind in _REGULAR and not (kind == b"\x00" and name.endswith("/")):
+                members.append((name, data, msize))
+            long_name, pax = None, {}
+        pos = data + -(-msize // BLOCK) * BLOCK
+    return members
+
+
+def group_samples(members: Sequence[tuple[str, int, int]], size: int, where: str) -> ShardIndex:
+    """Members into samples, by webdataset's rules (see the module docstring)."""
+    keys: list[str] = []
+    first: list[int] = []
+    exts: list[str] = []
+    offsets: list[int] = []
+    sizes: list[int] = []
+    seen: set[str] = set()
+    for name, offset, msize in members:
+        if ("/" not in name and name.startswith("__") and name.endswith("__")) or _META.match(name):
+            continue
+        match = _KEY_EXT.match(name)
+        if not match:
+            continue
+        key, ext = match.group(1), match.group(2).lower()
+        if not keys or key != keys[-1]:
+            keys.append(key)
+            first.append(len(exts))
+            seen = set()
+        if ext in seen:
+            raise SourceError(f"{where}: member {name!r}: the extension '{ext}' appears twice in sample {key!r}")
+        seen.add(ext)
+        exts.append(ext)
+        offsets.append(offset)
+        sizes.append(msize)
+    first.append(len(exts))
+    return ShardIndex(size, keys, np.asarray(first, dtype=np.int64), exts, np.asarray(offsets, dtype=np.int64),
+                      np.asarray(sizes, dtype=np.int64))
+
+
+# -- sidecars --------------------------------------------------------------------------------------------
+def _is_int_list(v: Any) -> bool:
+    return isinstance(v, list) and all(isinstance(x, int) and not isinstance(x, bool) for x in v)
+
+
+def index_from_json(raw: bytes, path: str, size: int, version: str) -> ShardIndex | None:
+    """A sidecar's index, or None when it does not describe this shard's version or is not sound."""
+    try:
+        doc = json.loads(raw)
+    except (ValueError, UnicodeDecodeError):
+        return None
+    if not isinstance(doc, dict) or doc.get("format") != INDEX_FORMAT or doc.get("version_of_format") != INDEX_VERSION:
+        return None
+    body = doc.get("index")
+    if not isinstance(body, dict) or doc.get("blake2b") != _digest(body):
+        return None
+    if body.get("path") != path or body.get("size") != size or body.get("version") != version:
+        return None
+    keys, first, exts, offs, sizes = (body.get(k) for k in ("keys", "first", "exts", "offsets", "sizes"))
+    if not (isinstance(keys, list) and all(isinstance(k, str) for k in keys) and _is_int_list(first)
+            and isinstance(exts, list) and all(isinstance(e, str) and e and "/" not in e for e in exts)
+            and _is_int_list(offs) and _is_int_list(sizes)):
+        return None
+    m = len(exts)
+    if len(first) != len(keys) + 1 or len(offs) != m or len(sizes) != m or first[0] != 0 or first[-1] != m:
+        return None
+    f, o, s = np.asarray(first, np.int64), np.asarray(offs, np.int64), np.asarray(sizes, np.int64)
+    if (np.diff(f) <= 0).any() or (s < 0).any() or (o % BLOCK).any() or (o < BLOCK).any():
+        return None
+    if m and ((o[1:] < o[:-1] + s[:-1] + BLOCK).any() or int(o[-1] + s[-1]) > size):
+        return None  # members overlap, are out of order, or run past the end of the shard
+    return ShardIndex(size, keys, f, exts, o, s)
+
+
+def _read_sidecar(folder: str, name: str) -> bytes | None:
+    try:
+        fd = os.open(os.path.join(folder, name), os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+    except OSError:
+        return None
+    try:
+        if os.fstat(fd).st_size > MAX_SIDECAR_BYTES:
+            return None
+        with os.fdopen(fd, "rb") as f:
+            fd = -1
+            return f.read(MAX_SIDECAR_BYTES + 1)
+    finally:
+        if fd >= 0:
+            os.close(fd)
+
+
+def _write_sidecar(folder: str, name: str, data: bytes) -> None:
+    """Written under a temporary name and renamed into place: a reader sees a whole sidecar or none."""
+    try:
+        os.makedirs(folder, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-", suffix=".json")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+            os.replace(tmp, os.path.join(folder, name))
+        except BaseException:
+            os.unlink(tmp)
+            raise
+    except OSError:
+        pass  # a cache that cannot be written costs a scan next time, nothing else
+
+
+def _version(info: dict) -> str:
+    for key in ("ETag", "etag", "generation", "version_id", "VersionId", "LastModified", "last_modified", "mtime",
+                "updated"):
+        if info.get(key):
+            return str(info[key])
+    return ""
+
+
+# -- columns ---------------------------------------------------------------------------------------------
+def parse_columns(columns: Sequence[str] | None) -> list[tuple[str, tuple[str, ...]]] | None:
+    """``[(field, extensions)]`` for the column specs, or None for ``"*"`` (every member)."""
+    if columns is None or tuple(columns) == ("*",):
+        return None
+    out = []
+    for spec in columns:
+        name, _, alts = spec.rpartition("=")
+        exts = tuple(e.strip().lower() for e in alts.split(";"))
+        if spec == "__key__":
+            out.append((spec, ()))
+            continue
+        if spec == "*" or not all(exts) or name == "__key__":
+            raise SourceError(f"read.webdataset(columns=...): {spec!r} is not an extension, 'a;b' alternatives, "
+                              f"'name=a;b', '__key__', or '*' alone")
+        out.append((name or exts[0], exts))
+    return out
+
+
+class WebDatasetReader:
+    """Reads samples of WebDataset tar shards (see the module docstring); coordinates are sample numbers."""
+
+    def __init__(self, fs: fsspec.AbstractFileSystem, source: str, columns: Sequence[str] | None, chunk_rows: int,
+                 doc_limit: DocLimit = DEFAULT_DOC_LIMIT, index_cache: str | None = None) -> None:
+        self.fs, self.source, self.chunk_rows, self.doc_limit = fs, source, chunk_rows, doc_limit
+        self.columns = parse_columns(columns)
+        storage = getattr(fs, "storage", None)
+        cache = index_cache or getattr(storage, "cache_dir", None)
+        self.sidecars = os.path.join(cache, SIDECAR_FOLDER) if cache else None
+        self.text_field = "__key__"
+
+    # -- the index -------------------------------------------------------------------------------------
+    def index(self, path: str) -> ShardIndex:
+        try:
+            info = self.fs.info(path)
+        except FileNotFoundError:
+            raise SourceError(f"source '{self.source}': shard {path} is missing; it was listed when the run was "
+                              f"planned. Restore it or start a new run.") from None
+        size, version = int(info["size"]), _version(info)
+        return _INDEXES.get((path, size, version), lambda: self._load(path, size, version))
+
+    def _load(self, path: str, size: int, version: str) -> ShardIndex:
+        name = hashlib.sha256(f"{path}\n{size}\n{version}".encode()).hexdigest()[:40] + ".json"
+        if self.sidecars:
+            raw = _read_sidecar(self.sidecars, name)
+            found = index_from_json(raw, path, size, version) if raw is not None else None
+            if found is not None:
+                return found
+        where = f"source '{self.source}': shard {path}"
+        with self.fs.open(path, "rb") as f:
+            index = group_samples(scan_members(f, size, where), size, where)
+        if self.sidecars:
+            _write_sidecar(self.sidecars, name, index.to_json(path, version))
+        return index
+
+    # -- planning --------------------------------------------------------------------------------------
+    def _starts(self, path: str) -> np.ndarray:
+        return np.asarray([0, len(self.index(path))], dtype=np.int64)
+
+    def split_units(self, files: Sequence[str], lanes: int) -> list[Unit]:
+        return units_of_groups(files, lanes, self._starts)
+
+    def chunk_bounds(self, path: str, unit: Unit, cursor: int) -> list[tuple[int, int]]:
+        return chunks_in_groups(self._starts(path), unit, cursor, self.chunk_rows)
+
+    # -- reading (on workers) --------------------------------------------------------------------------
+    def _wanted(self, index: ShardIndex, start: int, end: int) -> tuple[list[str], list[list[int]]]:
+        """The fields of samples [start, end) and, per field, the member each sample gives it (-1: none)."""
+        exts, first = index.exts, index.first.tolist()
+        if self.columns is None:
+            names: list[str] = list(dict.fromkeys(exts[first[start]:first[end]]))
+            picks = {n: [-1] * (end - start) for n in names}
+            for k in range(start, end):
+                for m in range(first[k], first[k + 1]):
+                    picks[exts[m]][k - start] = m
+            return names, [picks[n] for n in names]
+        out = []
+        for _, alts in self.columns:
+            col = []
+            for k in range(start, end):
+                found = {exts[m]: m for m in range(first[k], first[k + 1])}
+                col.append(next((found[a] for a in alts if a in found), -1))
+            out.append(col)
+        return [name for name, _ in self.columns], out
+
+    def read(self, path: str, start: int, end: int) -> RawChunk:
+        index = self.index(path)
+        end = len(index) if end < 0 else end
+        names, picks = self._wanted(index, start, end)
+        limit = self.doc_limit
+        lengths: dict[int, int] = {}  # member -> bytes to read
+        for col in picks:
+            for m in col:
+                if m < 0:
+                    continue
+                size = int(index.sizes[m])
+                if size > limit.max_bytes:
+                    if limit.policy == "error":
+                        k = int(np.searchsorted(index.first, m, side="right")) - 1
+                        raise limit.refuse(self.source, path, f"sample {index.keys[k]!r}",
+                                           f"a member '{index.exts[m]}' of {size} bytes")
+                    if limit.policy == "skip" or index.exts[m] not in TEXT_EXTENSIONS:
+                        continue
+                    size = limit.max_bytes + 1  # truncated below, at a character boundary
+                lengths[m] = size
+        data = self._fetch(path, index, lengths)
+        columns: dict[str, Any] = {}
+        if self.columns is None:
+            columns["__key__"] = index.keys[start:end]
+        for name, col in zip(names, picks):
+            if name == "__key__" and self.columns is not None:
+                columns[name] = index.keys[start:end]
+                continue
+            values: list[Any] = []
+            for i, m in enumerate(col):
+                if m not in data:
+                    values.append(None)
+                elif index.exts[m] in TEXT_EXTENSIONS:
+                    values.append(self._text(data[m], path, index.keys[start + i], index.exts[m]))
+                else:
+                    values.append(data[m])
+            columns[name] = values
+        cursors = np.arange(start + 1, end + 1, dtype=np.int64)
+        return RawChunk([], cursors, end, columns=columns)
+
+    def _text(self, raw: bytes, path: str, key: str, ext: str) -> str:
+        if len(raw) > self.doc_limit.max_bytes:
+            return utf8_prefix(raw, self.doc_limit.max_bytes)
+        try:
+            return raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise SourceError(f"source '{self.source}': {path}, sample {key!r}: the '{ext}' member is not UTF-8 "
+                              f"text ({exc}). Re-encode it, or read it as bytes under another extension.") from None
+
+    def _fetch(self, path: str, index: ShardIndex, lengths: dict[int, int]) -> dict[int, bytes]:
+        """The members' bytes, read in as few ranged reads as the gaps allow (usually one)."""
+        order = sorted(lengths)
+        out: dict[int, bytes] = {}
+        i = 0
+        while i < len(order):
+            j = i
+            lo = int(index.offsets[order[i]])
+            hi = lo + lengths[order[i]]
+            while j + 1 < len(order) and int(index.offsets[order[j + 1]]) - hi <= READ_GAP:
+                j += 1
+                hi = max(hi, int(index.offsets[order[j]]) + lengths[order[j]])
+            try:
+                blob = self.fs.cat_file(path, start=lo, end=hi)
+            except FileNotFoundError:
+                raise SourceError(f"source '{self.source}': shard {path} is missing; it was listed when the run "
+                                  f"was planned. Restore it or start a new run.") from None
+            if len(blob) != hi - lo:
+                raise SourceError(f"source '{self.source}': shard {path} is shorter than its index says (read "
+                                  f"{len(blob)} of bytes [{lo}, {hi})): it changed since it was indexed.")
+            for m in order[i:j + 1]:
+                a = int(index.offsets[m]) - lo
+                out[m] = blob[a:a + lengths[m]]
+            i = j + 1
+        return out
