@@ -168,7 +168,7 @@ CODE_HEAVY = {"web": 0.1, "code": 0.9}
 @pytest.fixture(scope="module")
 def intervened(corpus, tok):
     """The reference: one rank, the intervention known from the start (call at step 0 for step 10)."""
-    pipe = pipeline(corpus, tok, shuffle=6)
+    pipe = pipeline(corpus, tok, shuffle=6, flush_every=8)  # segments long enough for mixers to lead delivery
     hashes, _ = run_with_intervention(pipe, 1, 0, 10, CODE_HEAVY)
     plain = global_hashes(pipe, 1, STEPS)
     assert hashes[:5] == plain[:5] and hashes[12:] != plain[12:]  # it changed the data, from some steps before 10

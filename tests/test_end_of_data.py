@@ -179,3 +179,14 @@ def test_passes_are_checked_and_fingerprinted(corpus, tok):
     rows = sum(pq.ParquetFile(f).metadata.num_rows for f in (corpus / "web").glob("*.parquet"))
     plan = finite(corpus, tok, lanes=8).compile().plan.sources[0]
     assert sum(plan.lane_units(lane, 1) for lane in range(8)) == len(plan.units) and rows > 0
+
+
+def test_reset_none_starts_a_used_loader_from_the_beginning(corpus, tok):
+    """torchdata's contract: ``node.reset(None)`` on a loader that has run starts it over, lanes and step
+    together (a plugin restarting an evaluation relies on it)."""
+    loader = finite(corpus, tok).build()
+    first = [z.batch_digest(next(loader)) for _ in range(3)]
+    next(loader)
+    loader.node.reset(None)
+    assert loader.step == 0
+    assert [z.batch_digest(next(loader)) for _ in range(3)] == first

@@ -1,4 +1,5 @@
-"""Golden hashes: the first 50 global batches of every shipped recipe and of the test suite's recipes.
+"""Golden hashes: the first 50 global batches of every shipped recipe and of the test suite's recipes
+(all of them, and where the data ends, for a recipe whose sources stop before 50: ``ends`` records the count).
 
 These SHA-256 digests were recorded on the code *before* the pipeline redesign (commit 6316710, the
 fixed text chain) and pin its output: a refactor may not change a single byte of any batch. They change
@@ -13,6 +14,7 @@ is reported as such instead of as a change of the engine.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import shutil
 import sys
@@ -31,8 +33,8 @@ REPO = Path(__file__).resolve().parents[1]
 STEPS = 50
 # Shipped recipes that run on the demo corpus (recipes/torchtitan/llama3_debug_hf_tokenizer.toml needs the
 # trainer's own Llama tokenizer, which cannot be downloaded here).
-SHIPPED = ["quickstart.toml", "torchtitan/llama3_debug.toml", "megatron/gpt_demo.toml",
-           "megatron/gpt_demo_valid.toml", "megatron/gpt_2k_64lanes.toml"]
+SHIPPED = ["quickstart.toml", "torchtitan/llama3_debug.toml", "torchtitan/llama3_debug_valid.toml",
+           "megatron/gpt_demo.toml", "megatron/gpt_demo_valid.toml", "megatron/gpt_2k_64lanes.toml"]
 
 
 def _digest_files(paths: list[Path]) -> str:
@@ -135,15 +137,20 @@ def compute(variants: dict[str, tuple[Any, dict[str, Any]]], names: list[str] | 
     out = {}
     for name in names or list(variants):
         recipe, kwargs = variants[name]
-        if not kwargs:
+        if not kwargs:  # (fewer than STEPS where the sources stop: every global batch until the data ends)
             out[name] = global_hashes(recipe, 1, STEPS, num_workers=2)
             continue
         loader = build_loader(recipe, rank=0, world_size=1, **kwargs)
         try:
-            out[name] = [global_digest([next(loader)]) for _ in range(STEPS)]
+            out[name] = [global_digest([batch]) for batch in itertools.islice(loader, STEPS)]
         finally:
             loader.close()
     return out
+
+
+def ends(hashes: dict[str, list[str]]) -> dict[str, int]:
+    """The recipes whose data ends before STEPS global batches, and after how many."""
+    return {name: len(h) for name, h in hashes.items() if len(h) < STEPS}
 
 
 @pytest.fixture(scope="module")
@@ -156,10 +163,14 @@ def demo(tmp_path_factory) -> Path:
     return build_demo(tmp_path_factory.mktemp("golden_demo"))
 
 
-def _check(name: str, got: list[str], want: list[str]) -> None:
+def _check(name: str, got: list[str], want: list[str], golden: dict[str, Any]) -> None:
     first_bad = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), None)
-    assert first_bad is None and len(got) == len(want), \
+    assert first_bad is None, \
         f"{name}: global batch {first_bad} differs from the golden hash recorded before the redesign"
+    recorded = golden.get("ends", {}).get(name, golden["steps"])
+    assert len(want) == recorded and len(got) == recorded, (
+        f"{name}: {len(got)} global batches, but {len(want)} hashes are recorded and the data "
+        f"{'ends after ' + str(recorded) if recorded < golden['steps'] else 'does not end before ' + str(recorded)}")
 
 
 def test_inputs_are_the_recorded_ones(golden, corpus, sp_model, demo):
@@ -174,7 +185,7 @@ def test_inputs_are_the_recorded_ones(golden, corpus, sp_model, demo):
 @pytest.mark.slow
 @pytest.mark.parametrize("name", [f"recipes/{n}" for n in SHIPPED])
 def test_shipped_recipes_keep_their_batches(golden, demo, name):
-    _check(name, compute(shipped_variants(demo), [name])[name], golden["hashes"][name])
+    _check(name, compute(shipped_variants(demo), [name])[name], golden["hashes"][name], golden)
 
 
 def test_suite_recipes_keep_their_batches(golden, corpus, sp_model, hf_tokenizer, tiktoken_file):
@@ -182,7 +193,7 @@ def test_suite_recipes_keep_their_batches(golden, corpus, sp_model, hf_tokenizer
     assert set(variants) <= set(golden["hashes"])
     got = compute(variants)
     for name in variants:
-        _check(name, got[name], golden["hashes"][name])
+        _check(name, got[name], golden["hashes"][name], golden)
 
 
 def _inputs(corpus: Path, sp_model: Path, demo: Path) -> dict[str, str]:
@@ -209,7 +220,7 @@ def write_golden(tmp: Path) -> None:
     hashes = compute(suite_variants(corpus, sp_model, hf, tt))
     hashes.update(compute(shipped_variants(demo)))
     GOLDEN.write_text(json.dumps({"python": sys.version.split()[0], "inputs": _inputs(corpus, sp_model, demo),
-                                  "steps": STEPS, "hashes": hashes}, indent=1) + "\n")
+                                  "steps": STEPS, "ends": ends(hashes), "hashes": hashes}, indent=1) + "\n")
     print(f"wrote {GOLDEN}: {len(hashes)} recipes x {STEPS} global batches")
 
 

@@ -84,7 +84,8 @@ def _steps(hash_dir: Path) -> dict[int, list[str]]:
 
 
 def _losses(dump: Path) -> dict[int, float]:
-    return {r["step"]: r["loss"] for r in map(json.loads, (dump / "loss.jsonl").read_text().splitlines())}
+    return {r["step"]: r["loss"] for r in map(json.loads, (dump / "loss.jsonl").read_text().splitlines())
+            if "loss" in r}  # (not the validation losses)
 
 
 def _resume_from(src: Path, dump: Path) -> None:
@@ -174,11 +175,17 @@ def test_registry_configs_fill_from_the_recipe_and_refuse_misfits(tmp_path, corp
     assert isinstance(model, Decoder.Config)
     assert model.vocab_size == model.tok_embeddings.num_embeddings == model.lm_head.out_features == 640
     assert config.loss.loss_fn.global_vocab_size == 640
-    # the validator's loader follows --dataloader.recipe, with its own seed; built as Validator builds it
+    # the validator reads its own recipe, whose sources stop, to its end (tests/test_torchtitan_valid.py)
+    assert config.validator.dataloader.recipe == "recipes/torchtitan/llama3_debug_valid.toml"
+    assert config.validator.steps == -1
+    # with no recipe of its own, the validator's loader follows --dataloader.recipe, with its own seed; built
+    # as Validator builds it (that recipe repeats for ever: it needs validator.steps N)
+    config = parse("--validator.dataloader.recipe", "", "--validator.dataloader.seed", "11", "--validator.steps", "3")
+    fit_trainer_config(config)
     val_cfg = dataclasses.replace(config.validator.dataloader, infinite=config.validator.steps != -1)
     assert val_cfg.recipe == str(recipe)
     val = val_cfg.build(dp_world_size=2, dp_rank=1, tokenizer=None, seq_len=t.seq_len, local_batch_size=2)
-    assert val.recipe.seed != 7 and val.micro_batches == 2 and next(iter(val))[0]["input"].shape == (2, 64)
+    assert val.recipe.seed == 11 and val.micro_batches == 2 and next(iter(val))[0]["input"].shape == (2, 64)
 
     with pytest.raises(ValueError, match=r"--training\.global_batch_size 8 \(or -1\)"):
         fit_trainer_config(parse("--training.global_batch_size", "16"))

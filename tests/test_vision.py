@@ -297,7 +297,9 @@ def test_worked_example_of_the_contract(vl_tok, photo):
     red, kite = flat[:lengths[0]].tolist(), flat[lengths[0]:].tolist()
     assert out.token_fields["input_ids"].tolist() == red + [start, pad, pad, end] + kite + [tok.eos_id]
     assert out.token_fields["loss_mask"].tolist() == [1] * (len(red) - 1) + [0, 0, 0, 0, 1] + [1] * len(kite) + [1]
-    assert out.columns.keys() == {"images", "image_grid_thw"}  # the caption is consumed, the image payload kept
+    assert out.columns.keys() == {"images", "image_grid_thw", "image_spans"}  # the caption is consumed
+    start_at = len(red)
+    assert out.columns["image_spans"][0].tolist() == [[start_at, start_at + 1, start_at + 3, start_at + 4]]
 
 
 def test_image_token_counts_and_layouts(vl_tok, photo):
@@ -363,7 +365,8 @@ def test_operator_errors_name_the_fix(vl_tok):
 
 
 # -- pipelines -------------------------------------------------------------------------------------------
-def vl_pipeline(dataset: dict[str, Path], tok, lanes: int = 8, resample: str = "bicubic") -> z.Pipeline:
+def vl_pipeline(dataset: dict[str, Path], tok, lanes: int = 8, resample: str = "bicubic", pixels: str = "flat"
+                ) -> z.Pipeline:
     ids = dict(image_start="<|vision_start|>", image_pad="<|image_pad|>", image_end="<|vision_end|>")
     return (z.Pipeline(seed=11, lanes=lanes, flush_every=2)
             .source("wds", z.read.webdataset(str(dataset["wds"]), columns=["image=jpg;png", "txt"], chunk_rows=5),
@@ -382,7 +385,7 @@ def vl_pipeline(dataset: dict[str, Path], tok, lanes: int = 8, resample: str = "
             .mix(by="tokens")
             .shuffle(buffer=6)
             .pack(seq_len=256)
-            .batch(rows_per_lane=1))
+            .batch(rows_per_lane=1, pixels=pixels))
 
 
 @pytest.mark.timeout(600)
@@ -400,7 +403,7 @@ def test_vision_pipeline_is_elastic_across_world_sizes_and_resumes(dataset, vl_t
 
 @pytest.mark.timeout(300)
 def test_vision_batches_carry_images_with_their_documents(dataset, vl_tok):
-    pipe = vl_pipeline(dataset, vl_tok, lanes=2)
+    pipe = vl_pipeline(dataset, vl_tok, lanes=2, pixels="lists")  # the per-document payloads, as lists
     tok = z.load_tokenizer(vl_tok)
     pad = tok.token_id("<|image_pad|>")
     image_ids = [tok.token_id(t) for t in ("<|vision_start|>", "<|image_pad|>", "<|vision_end|>")]
@@ -414,7 +417,7 @@ def test_vision_batches_carry_images_with_their_documents(dataset, vl_tok):
                 for d, grids in enumerate(batch["image_grid_thw"][r]):
                     doc = ids[r][seg[r] == d + 1]
                     tokens = sum(t * h * w // 4 for t, h, w in grids)
-                    assert int((doc == pad).sum()) <= tokens  # a split piece holds part of them
+                    assert int((doc == pad).sum()) == tokens  # a split piece holds its own images' tokens, all
                     for img, (t, h, w) in zip(batch["images"][r][d], grids):
                         assert img.shape == (t * h * w, 14 * 14 * 3) and img.dtype == np.uint8
                         images += 1
@@ -424,6 +427,9 @@ def test_vision_batches_carry_images_with_their_documents(dataset, vl_tok):
         assert images > 20
         skipped = loader.metrics()["skipped_by_reason"]
         assert skipped.get("skipped_images", 0) >= 1 and skipped.get("bad_image_records", 0) >= 1
+        by_source = loader.metrics()["skipped_by_source"]  # the bad images are all in the WebDataset shards
+        assert by_source["wds"]["skipped_images"] == skipped["skipped_images"]
+        assert all("skipped_images" not in by_source.get(s, {}) for s in ("hf", "obelics", "jsonl"))
     finally:
         loader.close()
 

@@ -115,10 +115,11 @@ def test_quickstart_builds_runs_and_verifies(tmp_path, corpus_texts):
     loader = pipe.build(rank=0, world_size=1)
     try:
         batch = next(loader)
-        assert batch["input_ids"].shape == (8, 1024)
-        assert sum(len(doc) for row in batch["images"] for doc in row) > 0
+        assert batch["input_ids"].shape == (8, 1024) and batch["position_ids"].shape == (3, 8, 1024)  # mrope
+        assert batch["pixel_values"].shape[0] == int(batch["image_grid_thw"].prod(1).sum()) > 0
         tok = z.load_tokenizer(pipe.tokenizer)
-        assert tok.token_id("<|image_pad|>") in set(batch["input_ids"].flatten().tolist())
+        pads = int((batch["input_ids"] == tok.token_id("<|image_pad|>")).sum())
+        assert pads == int(batch["image_grid_thw"].prod(1).sum()) // 4  # every image's tokens, no other
     finally:
         loader.close()
     report = verify(recipe, [1, 2, 4], steps=3, resume_at=1)

@@ -16,14 +16,17 @@ from typing import Mapping, Sequence
 import numpy as np
 import torch
 
+from .collate_images import ImageBatch, image_keys
+from .ops.image_layout import PER_IMAGE
 from .records import IGNORE, INPUT_IDS, LOSS_MASK, Row
 
 HASHED_KEYS = ("input_ids", "labels", "position_ids", "segment_ids", "loss_mask")
 UNHASHED_KEYS = ("cu_seqlens",)  # rank-relative, derived from segment_ids
+ROW_INDEX_KEYS = ("image_row",)  # rank-relative row numbers: hashed as rows of the global batch
 
 
 def collate(rows: Sequence[Row], seq_len: int, pad_id: int,
-            pad_values: Mapping[str, object] | None = None) -> dict[str, object]:
+            pad_values: Mapping[str, object] | None = None, images: "ImageBatch | None" = None) -> dict[str, object]:
     """Build the batch dict for ``rows`` (in lane order), vectorised over the whole batch.
 
     A row's tokens sit at its start (``tokens[:fill]``), so every key is built from the stacked row
@@ -33,7 +36,8 @@ def collate(rows: Sequence[Row], seq_len: int, pad_id: int,
     Every other per-token field of the rows (``pad_values``: name -> value in padding) becomes a ``[B, S]``
     tensor of its own; a ``loss_mask`` field (1 where the label at that position counts, e.g. assistant
     turns) also sets ``labels`` to -100 where it is 0. Per-document payloads become, per field, a list
-    (rows) of lists (the row's documents, in order).
+    (rows) of lists (the row's documents, in order). ``images`` (a pipeline with images, or mrope
+    positions): the images' payloads become tensors (:mod:`zephon.collate_images`).
     """
     B, S = len(rows), seq_len
     fills = np.fromiter((r.fill for r in rows), dtype=np.int64, count=B)
@@ -98,8 +102,12 @@ def collate(rows: Sequence[Row], seq_len: int, pad_id: int,
     }
     if any(getattr(r, "payloads", None) for r in rows):
         keys = list(dict.fromkeys(k for r in rows for p in (r.payloads or ()) for k in p))
+        if images is not None and images.pixels != "lists":
+            keys = [k for k in keys if k not in PER_IMAGE]  # they become the image tensors below
         for key in keys:
             batch[key] = [[p.get(key) for p in (r.payloads or [{}] * len(r.seg_lens))] for r in rows]
+    if images is not None:
+        batch.update(image_keys(rows, S, images, position_ids))
     return batch
 
 
@@ -114,13 +122,21 @@ def global_digest(rank_batches: Sequence[Mapping[str, object]]) -> str:
     Equal to hashing the batch that one rank owning every lane would produce, so digests compare
     across world sizes. The five text keys come first, then every other tensor key (extra per-token
     fields, pixels...) and every payload list, by name. ``cu_seqlens`` is rank-relative and derived from
-    ``segment_ids``: not hashed.
+    ``segment_ids``: not hashed. Image tensors concatenate along their first dimension in rank order (pixels
+    of rank 0's rows, then rank 1's...), as the one-rank batch lays them out; ``image_row`` is hashed as
+    global row numbers (each rank's plus the rows of the ranks before it), and mrope ``position_ids``
+    ``[3, B, S]`` row by row (as ``[B, 3, S]``), so the digest is the one-rank digest at every world size.
     """
     h = hashlib.sha256()
     names = {k for b in rank_batches for k in b}
     others = sorted(k for k in names if k not in HASHED_KEYS and k not in UNHASHED_KEYS)
     for key in [*HASHED_KEYS, *others]:
         parts = [b[key] if key in b else _no_payload(b) for b in rank_batches]
+        if key in ROW_INDEX_KEYS:
+            firsts = np.cumsum([0] + [int(b["input_ids"].shape[0]) for b in rank_batches[:-1]])
+            parts = [p + int(f) for p, f in zip(parts, firsts)]
+        elif key == "position_ids" and parts[0].dim() == 3:  # mrope [3, B, S]: the batch dimension is 1
+            parts = [p.transpose(0, 1) for p in parts]
         if isinstance(parts[0], torch.Tensor):
             rows = sum(int(p.shape[0]) for p in parts)
             h.update(f"{key}:{parts[0].dtype}:{rows}x{tuple(parts[0].shape[1:])};".encode())

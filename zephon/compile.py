@@ -44,6 +44,7 @@ class CompiledPipeline(LaneProgram):
     fingerprint: str = ""
     placement: list[tuple[str, str, str]] = field(default_factory=list)  # (operator, where, sources) for explain
     schedule: Any = None  # the mixture schedule, if any
+    images: Any = None  # zephon.collate_images.ImageBatch: how batches carry images (None: no image keys)
 
 
 def _dtype_of(default: Any) -> Any:
@@ -118,6 +119,8 @@ def compile_pipeline(pipe: Pipeline, plan: WorkPlan | None = None) -> CompiledPi
     schema = _token_schema(all_ops)
     for sp in splits + implicit:
         sp.token_names = tuple(schema)
+        sp.limits = pack.limits  # pieces that fit a row's image limits, cut between images
+    images = image_batch(all_ops, pack, batch)
 
     # the merge
     by = mix_step.by if mix_step else "tokens"
@@ -147,7 +150,8 @@ def compile_pipeline(pipe: Pipeline, plan: WorkPlan | None = None) -> CompiledPi
         else:
             raise PipelineError(f"{s.kind}() cannot come after the merge here")
         placement.append((s.name, "lane: accumulator" if s.stateful else "lane: per record", "-"))
-    lane_steps.append(("pack", partial(_make_pack, pack.seq_len, pack.algorithm, pack.max_open_bins, schema)))
+    lane_steps.append(("pack", partial(_make_pack, pack.seq_len, pack.algorithm, pack.max_open_bins, schema,
+                                       pack.limits)))
     placement.append(("pack", "lane: accumulator", "-"))
     placement.append(("batch", f"lane: {batch.rows_per_lane} row(s) per step", "-"))
 
@@ -166,7 +170,8 @@ def compile_pipeline(pipe: Pipeline, plan: WorkPlan | None = None) -> CompiledPi
         rows_per_lane=batch.rows_per_lane, flush_every=pipe.flush_every, flush_by=pipe.flush_by, seq_len=pack.seq_len,
         max_empty_units=[2 * len(sp.units) + pipe.lanes for sp in plan.sources],
         finite=any(d.passes is not None for d in pipe.sources), partial=batch.partial,
-        pad_id=pad_id, token_fields=schema, pad_values=pad_values, placement=placement, schedule=schedule)
+        pad_id=pad_id, token_fields=schema, pad_values=pad_values, placement=placement, schedule=schedule,
+        images=images)
     compiled.summary = summary(pipe, plan, per_source, mix_step, weights, by, after, pack, batch)
     compiled.fingerprint = fingerprint(compiled.summary)
     return compiled
@@ -191,8 +196,52 @@ def _make_shuffle(buffer: int, ctx: LaneContext) -> Shuffle:
     return Shuffle(ctx, buffer)
 
 
-def _make_pack(seq_len: int, algorithm: str, max_open_bins: int, schema: dict, ctx: LaneContext) -> Pack:
-    return Pack(ctx, seq_len, algorithm, max_open_bins, schema)
+def _make_pack(seq_len: int, algorithm: str, max_open_bins: int, schema: dict, limits: Any, ctx: LaneContext) -> Pack:
+    return Pack(ctx, seq_len, algorithm, max_open_bins, schema, limits)
+
+
+def image_batch(ops: list[Transform], pack: PackStep, batch: BatchStep) -> Any:
+    """How batches carry images (:mod:`zephon.collate_images`), checked against the image operators: None for
+    a pipeline without images (and 1-D positions), whose batches have no image keys."""
+    from .collate_images import ImageBatch
+    from .ops.image import DecodeImages
+
+    decoders = [op for op in ops if isinstance(op, DecodeImages)]
+    if not decoders:
+        if batch.pixels == "fixed" or pack.max_images_per_row or pack.max_patches_per_row:
+            raise PipelineError("batch(pixels='fixed') and pack(max_images_per_row=, max_patches_per_row=) are for "
+                                "pipelines with images: add .decode_images(...) and .tokenize_images(...)")
+        return ImageBatch("lists", "mrope") if batch.positions == "mrope" else None
+    for op in decoders:  # an image that can never fit a row is a configuration error: say so now
+        s = op.spec
+        most = (s.size[0] // s.patch_size) * (s.size[1] // s.patch_size) if s.size else s.max_pixels // s.patch_size ** 2
+        if pack.max_patches_per_row is not None and most > pack.max_patches_per_row:
+            raise PipelineError(f"pack(max_patches_per_row={pack.max_patches_per_row}): operator '{op.name}' makes "
+                                f"images of up to {most} patches, which no row could hold; raise it, or lower "
+                                f"decode_images(max_pixels=...)")
+        if most // s.merge ** 2 > pack.seq_len:
+            raise PipelineError(f"pack(seq_len={pack.seq_len}): operator '{op.name}' makes images of up to "
+                                f"{most // s.merge ** 2} tokens, more than a row; raise seq_len or lower max_pixels")
+    if batch.pixels != "lists" and not any(op.kind == "tokenize_images" for op in ops):
+        raise PipelineError(f"batch(pixels={batch.pixels!r}) places each image at its tokens: tokenize with "
+                            f".tokenize_images(...) after .decode_images(...), or keep the images as payloads "
+                            f"with batch(pixels='lists')")
+    if batch.pixels == "flat":
+        dims = {3 * op.spec.patch_size ** 2 for op in decoders}
+        if not all(op.patchify for op in decoders) or len(dims) != 1:
+            raise PipelineError("batch(pixels='flat') needs every decode_images() step to patchify with one "
+                                "patch_size (one [patches, p*p*3] tensor); use pixels='fixed' or 'lists' otherwise")
+        return ImageBatch("flat", batch.positions, patch_dim=dims.pop())
+    if batch.pixels == "fixed":
+        sizes = {op.spec.size for op in decoders}
+        if None in sizes or len(sizes) != 1:
+            raise PipelineError("batch(pixels='fixed') needs every decode_images() step to make one size "
+                                "(size=(H, W), not max_pixels=); use pixels='flat' for native-resolution images")
+        if pack.max_images_per_row is None:
+            raise PipelineError("batch(pixels='fixed') needs pack(max_images_per_row=M): each row gets M image "
+                                "slots, so the pixel tensor's shape is the same at every step")
+        return ImageBatch("fixed", batch.positions, size=tuple(sizes.pop()), slots=pack.max_images_per_row)
+    return ImageBatch("lists", batch.positions)
 
 
 def _make_transform_step(transform: Transform, ctx: LaneContext) -> TransformStep:
@@ -235,6 +284,8 @@ def summary(pipe: Pipeline, plan: WorkPlan, per_source: list[list[Transform]], m
         "lane_ops": [op.describe() for op in after],
         "pack": pack.describe(), "rows_per_lane": batch.rows_per_lane,
         **({"partial": batch.partial} if batch.partial != "drop" else {}),
+        **({"pixels": batch.pixels} if batch.pixels != "flat" else {}),
+        **({"positions": batch.positions} if batch.positions != "1d" else {}),
     }
 
 

@@ -183,7 +183,9 @@ class ZephonLoader:
 
         if not (dist.is_available() and dist.is_initialized()):
             return ok
-        flag = torch.tensor([1 if ok else 0])
+        # on the group's collective device: an NCCL-only group (Torchtitan's and Megatron's default on GPUs)
+        # has no backend for CPU tensors
+        flag = torch.tensor([1 if ok else 0], device=_collective_device(self.group))
         op = dist.ReduceOp.MIN if self.program.partial == "drop" else dist.ReduceOp.MAX
         dist.all_reduce(flag, op=op, group=self.group)
         return bool(flag.item())
@@ -204,7 +206,7 @@ class ZephonLoader:
             d["pad"] += row.free
             if row.flushed:
                 d["flush_pad"] += row.free
-        return collate(rows, self.program.seq_len, self.pad_id, self.program.pad_values)
+        return collate(rows, self.program.seq_len, self.pad_id, self.program.pad_values, self.program.images)
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         while True:
@@ -337,6 +339,7 @@ class ZephonLoader:
             "docs": total.docs, "doc_tokens": total.doc_tokens, "rows_packed": total.rows,
             "flushes": total.flushes, "units": total.units, "pieces_split": total.pieces_split,
             "skipped_records": total.skipped_records, "skipped_by_reason": dict(total.skipped_by_reason),
+            "skipped_by_source": _by_source(total.skipped_by_source),
             "source_token_share": {k: v / max(1, total.doc_tokens) for k, v in total.source_tokens.items()},
             "mixture_weights": self.mixture_weights(self.step),
             "mixture_recent_share": _shares(_recent(per_lane.values())),
@@ -376,6 +379,14 @@ def _recent(counters: Any) -> dict[str, int]:
     return out
 
 
+def _by_source(counts: Mapping[tuple[str, str], int]) -> dict[str, dict[str, int]]:
+    """``{source: {reason: count}}`` (e.g. ``skipped_images`` of each image source)."""
+    out: dict[str, dict[str, int]] = {}
+    for (source, reason), n in sorted(counts.items()):
+        out.setdefault(source, {})[reason] = n
+    return out
+
+
 def _shares(counts: Mapping[str, float]) -> dict[str, float]:
     total = sum(counts.values())
     return {k: v / total for k, v in counts.items()} if total else {}
@@ -400,6 +411,16 @@ def parse_events(events: Any, names: Sequence[str]) -> list[tuple[int, dict[str,
     if not isinstance(events, list):
         raise StateError(f"the state's events must be a list of [at_step, weights], got {type(events).__name__}")
     return [parse_event(e, names, f"events[{i}]") for i, e in enumerate(events)]
+
+
+def _collective_device(group: Any) -> str:
+    """The device type whose tensors ``group`` reduces: "cpu" for gloo (or "cuda:nccl,cpu:gloo"), the
+    accelerator for an NCCL-only group (torch's choice for object collectives)."""
+    try:
+        from torch.distributed.distributed_c10d import _get_object_coll_device
+    except ImportError:  # an older torch: CPU, as before
+        return "cpu"
+    return _get_object_coll_device(group)
 
 
 def _same_on_every_rank(event: tuple[int, dict], group: Any) -> None:

@@ -100,16 +100,24 @@ class AccumulateStep(Step):
 class PackStep(Step):
     kind = "pack"
 
-    def __init__(self, seq_len: int, algorithm: str, max_open_bins: int, pad_id: int | None) -> None:
+    def __init__(self, seq_len: int, algorithm: str, max_open_bins: int, pad_id: int | None,
+                 max_images_per_row: int | None = None, max_patches_per_row: int | None = None) -> None:
         super().__init__("pack")
         self.seq_len, self.algorithm, self.max_open_bins, self.pad_id = seq_len, algorithm, max_open_bins, pad_id
+        self.max_images_per_row, self.max_patches_per_row = max_images_per_row, max_patches_per_row
+
+    @property
+    def limits(self) -> Any:
+        from .ops.image_layout import ImageLimits
+
+        return ImageLimits(self.max_images_per_row, self.max_patches_per_row)
 
     def describe(self) -> dict[str, Any]:
         d = {"op": "pack", "seq_len": self.seq_len, "algorithm": self.algorithm,
              "max_open_bins": self.max_open_bins if self.algorithm != "wrap" else None}
         if self.pad_id is not None:
             d["pad_id"] = self.pad_id
-        return d
+        return {**d, **self.limits.describe()}
 
 
 PARTIAL = ("drop", "pad")
@@ -118,13 +126,15 @@ PARTIAL = ("drop", "pad")
 class BatchStep(Step):
     kind = "batch"
 
-    def __init__(self, rows_per_lane: int, partial: str = "drop") -> None:
+    def __init__(self, rows_per_lane: int, partial: str = "drop", pixels: str = "flat", positions: str = "1d") -> None:
         super().__init__("batch")
-        self.rows_per_lane, self.partial = rows_per_lane, partial
+        self.rows_per_lane, self.partial, self.pixels, self.positions = rows_per_lane, partial, pixels, positions
 
     def describe(self) -> dict[str, Any]:
         return {"op": "batch", "rows_per_lane": self.rows_per_lane,
-                **({"partial": self.partial} if self.partial != "drop" else {})}
+                **({"partial": self.partial} if self.partial != "drop" else {}),
+                **({"pixels": self.pixels} if self.pixels != "flat" else {}),
+                **({"positions": self.positions} if self.positions != "1d" else {})}
 
 
 def _positive_int(value: Any, what: str) -> int:
@@ -142,7 +152,7 @@ class Pipeline:
     sentinels: a resume replays at most this much).
     """
 
-    def __init__(self, seed: int, lanes: int, *, flush_every: int = 8, flush_by: str = "units", storage: Any = None,
+    def __init__(self, seed: int, lanes: int, *, flush_every: int = 8, flush_by: str = "chunks", storage: Any = None,
                  origin: str = "<builder>") -> None:
         if not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed < 1 << 63:
             raise PipelineError(f"Pipeline(seed={seed!r}): an integer in [0, 2**63) is needed")
@@ -176,7 +186,8 @@ class Pipeline:
         return {**self.__dict__, "_compiled": None}
 
     def replace(self, *, seed: int | None = None, lanes: int | None = None, flush_every: int | None = None,
-                batch_per_lane: int | None = None, flush_by: str | None = None) -> "Pipeline":
+                batch_per_lane: int | None = None, flush_by: str | None = None, pixels: str | None = None,
+                positions: str | None = None) -> "Pipeline":
         """A copy with other top-level settings (each makes a different run: they are fingerprinted)."""
         new = copy.copy(self)
         new._compiled = None
@@ -185,11 +196,16 @@ class Pipeline:
                              flush_every=self.flush_every if flush_every is None else flush_every,
                              flush_by=self.flush_by if flush_by is None else flush_by)
             new.seed, new.lanes, new.flush_every, new.flush_by = fresh.seed, fresh.lanes, fresh.flush_every, fresh.flush_by
-        if batch_per_lane is not None:
+        if batch_per_lane is not None or pixels is not None or positions is not None:
             if not self._steps or not isinstance(self._steps[-1], BatchStep):
-                raise PipelineError("replace(batch_per_lane=...): the pipeline has no batch() step")
-            new._steps = self._steps[:-1] + (BatchStep(_positive_int(batch_per_lane, "batch_per_lane"),
-                                                       self._steps[-1].partial),)
+                raise PipelineError("replace(batch_per_lane=, pixels=, positions=): the pipeline has no batch() step")
+            last = self._steps[-1]
+            rows = last.rows_per_lane if batch_per_lane is None else _positive_int(batch_per_lane, "batch_per_lane")
+            head = copy.copy(self)
+            head._steps = self._steps[:-1]
+            again = head.batch(rows, last.partial, pixels=pixels or last.pixels,
+                               positions=positions or last.positions)  # checks the values
+            new._steps = again._steps
         return new
 
     @property
@@ -298,7 +314,8 @@ class Pipeline:
     def split(self, max_tokens: int, *, sources: Sequence[str] | None = None, executor: str | None = None
               ) -> "Pipeline":
         """Cut documents longer than ``max_tokens`` into pieces (needed before best/first-fit packing of
-        documents longer than a row; inserted at ``seq_len`` when absent)."""
+        documents longer than a row; inserted at ``seq_len`` when absent). A document with images is cut only
+        between images, each piece with the images it holds, and within pack's per-row image limits."""
         return self._with(step=Split(_positive_int(max_tokens, "split(max_tokens=...)"),
                                      sources=self._check_sources(sources, "split"), executor=executor))
 
@@ -403,9 +420,19 @@ class Pipeline:
         return self._with(step=AccumulateStep(factory, name, version))
 
     def pack(self, seq_len: int, algorithm: str = "best_fit", max_open_bins: int = 16,
-             pad_id: int | None = None) -> "Pipeline":
-        """Pack documents into rows of ``seq_len`` tokens (``best_fit``, ``first_fit`` or ``wrap``)."""
+             pad_id: int | None = None, *, max_images_per_row: int | None = None,
+             max_patches_per_row: int | None = None) -> "Pipeline":
+        """Pack documents into rows of ``seq_len`` tokens (``best_fit``, ``first_fit`` or ``wrap``).
+
+        Documents with images (``tokenize_images``): image tokens count like any token, a document is cut
+        only between images and each piece carries the images it holds; ``max_images_per_row`` and
+        ``max_patches_per_row`` cap one row's images and patches (a document that would exceed them goes
+        to another row). Per row, so the same on every world size: a global batch holds at most
+        ``lanes * rows_per_lane`` times them. See :mod:`zephon.ops.pack`."""
         seq_len = _positive_int(seq_len, "pack(seq_len=...)")
+        for what, v in (("max_images_per_row", max_images_per_row), ("max_patches_per_row", max_patches_per_row)):
+            if v is not None:
+                _positive_int(v, f"pack({what}=...)")
         if seq_len < 2:
             raise PipelineError(f"pack(seq_len={seq_len}): at least 2 tokens per row")
         if algorithm not in PACK_ALGORITHMS:
@@ -415,18 +442,34 @@ class Pipeline:
             raise PipelineError(f"pack(pad_id={pad_id!r}): a non-negative token id is needed")
         if any(isinstance(s, PackStep) for s in self._steps):
             raise PipelineError("pack() is declared twice")
-        return self._with(step=PackStep(seq_len, algorithm, max_open_bins, pad_id))
+        return self._with(step=PackStep(seq_len, algorithm, max_open_bins, pad_id, max_images_per_row,
+                                        max_patches_per_row))
 
-    def batch(self, rows_per_lane: int = 1, partial: str = "drop") -> "Pipeline":
+    def batch(self, rows_per_lane: int = 1, partial: str = "drop", *, pixels: str = "flat",
+              positions: str = "1d") -> "Pipeline":
         """Each lane adds ``rows_per_lane`` rows to every global batch (global batch = lanes x this).
 
         ``partial``: when sources stop (``passes=``), lanes run out at different steps; the first global
         batch that some lane cannot fill ends the loader (``"drop"``), or lanes that ran out deliver rows
         of padding until every lane has (``"pad"``, so an evaluation covers its whole set). Either way the
-        loader ends at the same global step on every world size and after any resume."""
+        loader ends at the same global step on every world size and after any resume.
+
+        Images (:mod:`zephon.collate_images`): ``pixels="flat"`` gives ``pixel_values`` uint8
+        ``[total_patches, p*p*3]`` with ``image_grid_thw``, ``image_row`` and ``image_token_start``;
+        ``"fixed"`` gives ``[rows * max_images_per_row, 3, H, W]`` with ``image_mask`` (images of one size,
+        ``decode_images(size=)``); ``"lists"`` the per-document payloads. Pixels stay uint8 (a quarter of the
+        bytes to move; normalise on the GPU: ``zephon.collate_images.normalize``). ``positions="mrope"``:
+        ``position_ids`` ``[3, B, S]``, Qwen2-VL's 3-D rotary positions per document."""
+        from .collate_images import PIXEL_MODES, POSITION_MODES
+
         if partial not in PARTIAL:
             raise PipelineError(f"batch(partial={partial!r}): use one of {PARTIAL}")
-        return self._with(step=BatchStep(_positive_int(rows_per_lane, "batch(rows_per_lane=...)"), partial))
+        if pixels not in PIXEL_MODES:
+            raise PipelineError(f"batch(pixels={pixels!r}): use one of {PIXEL_MODES}")
+        if positions not in POSITION_MODES:
+            raise PipelineError(f"batch(positions={positions!r}): use one of {POSITION_MODES}")
+        return self._with(step=BatchStep(_positive_int(rows_per_lane, "batch(rows_per_lane=...)"), partial, pixels,
+                                         positions))
 
     # -- what the rest of Zephon reads ------------------------------------------------------------------------
     def _find(self, cls: type) -> Any:

@@ -115,7 +115,7 @@ class Recipe:
     tokenizer: TokenizerSpec
     sources: tuple[SourceSpec, ...]
     flush_every: int = 8
-    flush_by: str = "units"  # the sentinel cadence counts completed "units" or "chunks" (zephon.engine.sentinels)
+    flush_by: str = "chunks"  # the sentinel cadence counts completed "chunks" or "units" (zephon.engine.sentinels)
     partial_batch: str = "drop"  # sources that stop: "drop" the last global batch some lane cannot fill, or "pad" it
     pack: PackSpec = field(default_factory=PackSpec)
     mix_by: str = "tokens"
@@ -252,7 +252,7 @@ def recipe_from_dict(data: Mapping[str, Any], base_dir: str | os.PathLike | None
         seq_len=_require(data, "seq_len", "the top level", origin),
         batch_per_lane=data.get("batch_per_lane", 1),
         flush_every=data.get("flush_every", 8),
-        flush_by=data.get("flush_by", "units"),
+        flush_by=data.get("flush_by", "chunks"),
         partial_batch=data.get("partial_batch", "drop"),
         tokenizer=tok,
         pack=pack,
@@ -292,7 +292,7 @@ def _steps_recipe(data: Mapping[str, Any], base: Path | None, origin: str) -> Re
     placeholder = TokenizerSpec("sentencepiece", "<from the steps>")
     draft = Recipe(seed=_require(data, "seed", "the top level", origin),
                    lanes=_require(data, "lanes", "the top level", origin), seq_len=2, batch_per_lane=1,
-                   flush_every=data.get("flush_every", 8), flush_by=data.get("flush_by", "units"),
+                   flush_every=data.get("flush_every", 8), flush_by=data.get("flush_by", "chunks"),
                    tokenizer=placeholder,
                    sources=tuple(_sources(data, base, origin)),
                    **{key: read.get(key, defaults[key].default) for key in sorted(_READ_KEYS)},

@@ -278,9 +278,14 @@ def pipeline_to_toml(pipe: Pipeline) -> str:
             t = {"op": "accumulate", "factory": _fn_ref(step.factory, step.name), "name": step.name}
         elif isinstance(step, PackStep):
             t = {"op": "pack", "seq_len": step.seq_len, "algorithm": step.algorithm,
-                 "max_open_bins": step.max_open_bins, "pad_id": step.pad_id}
+                 "max_open_bins": step.max_open_bins, "pad_id": step.pad_id,
+                 "max_images_per_row": step.max_images_per_row, "max_patches_per_row": step.max_patches_per_row}
         elif isinstance(step, BatchStep):
             t = {"op": "batch", "rows_per_lane": step.rows_per_lane, "partial": step.partial}
+            if step.pixels != "flat":
+                t["pixels"] = step.pixels
+            if step.positions != "1d":
+                t["positions"] = step.positions
         else:
             raise ValueError(f"operator '{step.name}' ({type(step).__name__}) cannot be written to a recipe")
         if getattr(step, "sources", None) is not None:

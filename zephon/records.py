@@ -136,6 +136,24 @@ def _take(column: Any, keep: np.ndarray) -> Any:
     return [column[i] for i in keep.tolist()]
 
 
+def renumber_skips(cursor: np.ndarray, skip: np.ndarray) -> np.ndarray:
+    """Resume skips recounted over the records as they now are: a record with skip > 0 is the ``s``-th record
+    made from its cursor, where ``s`` counts it and the records with the same cursor (and skip > 0) right
+    before it. Operators that drop records (``filter``, blank documents) or cut them again (``split``
+    after ``flat_map``) keep the rule of :class:`Chunk` with this; a record with skip 0 resumes after
+    itself and keeps it. Example: cursors ``[7, 7, 7, 9]``, skips ``[1, 1, 2, 0]`` (a piece cut again)
+    become ``[1, 2, 3, 0]``."""
+    n = len(skip)
+    if not n:
+        return skip
+    piece = skip > 0
+    same = np.zeros(n, dtype=bool)
+    same[1:] = piece[:-1] & (cursor[1:] == cursor[:-1])
+    index = np.arange(n, dtype=np.int64)
+    run_start = np.maximum.accumulate(np.where(piece & ~same, index, 0))
+    return np.where(piece, index - run_start + 1, 0).astype(np.int64)
+
+
 @dataclass
 class Chunk:
     """The records of one read task of one source, columnar, with what the lane needs to track them.
@@ -186,8 +204,12 @@ class Chunk:
         return f"{self.path}, {self.coord} {self.record_cursor(j)}"
 
     # -- selection and expansion ------------------------------------------------------------------
-    def select(self, keep: np.ndarray) -> "Chunk":
-        """Only the records at the sorted indices ``keep`` (dropped ones are counted as skipped)."""
+    def select(self, keep: np.ndarray, renumber: bool = True) -> "Chunk":
+        """Only the records at the sorted indices ``keep`` (dropped ones are counted as skipped).
+
+        The kept records' resume skips are recounted (:func:`renumber_skips`): a record an operator drops is
+        not made again on a resume. ``renumber=False`` keeps them: for records dropped because they were
+        delivered before a checkpoint, which the skips still count."""
         keep = np.asarray(keep, dtype=np.int64)
         if len(keep) == self.n:
             return self
@@ -201,8 +223,11 @@ class Chunk:
             tf = {k: v[per_token] for k, v in tf.items()}
             offsets = np.zeros(len(keep) + 1, dtype=np.int64)
             np.cumsum(lengths[keep], out=offsets[1:])
+        cursor, skip = self.resume_cursor[keep], self.resume_skip[keep]
+        if renumber:
+            skip = renumber_skips(cursor, skip)
         return replace(self, columns={k: _take(v, keep) for k, v in self.columns.items()},
-                       resume_cursor=self.resume_cursor[keep], resume_skip=self.resume_skip[keep],
+                       resume_cursor=cursor, resume_skip=skip,
                        skipped=self.skipped + self.n - len(keep), token_fields=tf, offsets=offsets,
                        tails=None if self.tails is None else self.tails[keep])
 
@@ -217,17 +242,19 @@ class Chunk:
         total = int(counts.sum())
         cursor = np.empty(total, dtype=np.int64)
         skip = np.empty(total, dtype=np.int64)
-        prev_c, prev_s = self.start_cursor, 0
+        prev_c = self.start_cursor
         pos = 0
         rc, rs = self.resume_cursor.tolist(), self.resume_skip.tolist()
         for j, k in enumerate(counts.tolist()):
             if k:
-                cursor[pos:pos + k - 1] = prev_c
-                skip[pos:pos + k - 1] = prev_s + np.arange(1, k, dtype=np.int64)
+                # the pieces before the last are made from the reader record that record j comes from: its
+                # own cursor if j is itself a piece (skip > 0), else where its predecessor resumes
+                cursor[pos:pos + k - 1] = rc[j] if rs[j] else prev_c
+                skip[pos:pos + k - 1] = 1
                 cursor[pos + k - 1], skip[pos + k - 1] = rc[j], rs[j]
                 pos += k
-            prev_c, prev_s = (rc[j], rs[j]) if k else (prev_c, prev_s)
-        return cursor, skip
+                prev_c = rc[j]
+        return cursor, renumber_skips(cursor, skip)
 
     # -- records view (for per-record operators) ---------------------------------------------------
     def records(self) -> list[dict[str, Any]]:
@@ -291,13 +318,15 @@ class Flush:
     positions: tuple[tuple[int, int, int], ...]
     carry: int = 0
     mixed: int = 0
+    taken: tuple[int, ...] = field(default=(), compare=False)  # chunks each source had given the lane (a hint)
 
 
 class Row:
     """One packed row of at most ``seq_len`` tokens: every per-token field side by side, the lengths,
     tail labels and payloads of its documents (pieces)."""
 
-    __slots__ = ("buffers", "tokens", "fill", "free", "seg_lens", "tails", "payloads", "flushed")
+    __slots__ = ("buffers", "tokens", "fill", "free", "seg_lens", "tails", "payloads", "flushed", "n_images",
+                 "n_patches")
 
     def __init__(self, seq_len: int, buffers: dict[str, np.ndarray] | None = None) -> None:
         self.buffers = buffers if buffers is not None else {INPUT_IDS: np.empty(seq_len, dtype=np.int32)}
@@ -308,6 +337,7 @@ class Row:
         self.tails: list[int] = []
         self.payloads: list[dict[str, Any]] | None = None
         self.flushed = False  # closed by a flush sentinel (its padding is a sentinel cost)
+        self.n_images = self.n_patches = 0  # the images its documents carry (kept by the packer, for its limits)
 
     def add(self, doc: Mapping[str, Any], a: int, b: int, tail: int, fields: Sequence[str] = (INPUT_IDS,),
             defaults: Mapping[str, Any] | None = None, fieldset: frozenset = frozenset((INPUT_IDS,))) -> None:

@@ -289,10 +289,11 @@ def zephon_recipe(data: Path, algorithm: str | None = None, **changes: Any):
 
 
 def build_zephon(data: Path, batch: int, seq_len: int, workers: int = 0, runner: str = "thread",
-                 algorithm: str = "best_fit", holder: dict | None = None, prefetch: int | None = None, **_: Any):
+                 algorithm: str = "best_fit", holder: dict | None = None, prefetch: int | None = None,
+                 flush_by: str | None = None, **_: Any):
     import zephon
 
-    recipe = zephon_recipe(data, algorithm)
+    recipe = zephon_recipe(data, algorithm, **({"flush_by": flush_by} if flush_by else {}))
     if recipe.global_batch_size != batch or recipe.seq_len != seq_len:
         raise ValueError(f"the recipe makes [{recipe.global_batch_size}, {recipe.seq_len}] batches, "
                          f"the benchmark expects [{batch}, {seq_len}]")

@@ -12,8 +12,11 @@ Written as ``DIR/wds/shard-NNNNNN.tar`` (WebDataset: ``<key>.jpg|png``, ``.txt``
 ``caption``, ``source``), ``DIR/interleaved/part-NNNN.parquet`` (documents of standard-library
 paragraphs and images, ``texts`` / ``images`` lists) unless ``--docs 0``, and ``DIR/manifest.json``
 (counts, sizes, pictures used, the SHA-256 of every file). Same installed packages, same output.
+``--native`` also writes, from the same samples, each peer loader's native format into ``DIR/native/``
+(Grain's ArrayRecord, LitData's ``optimize`` chunks, Mosaic Streaming's MDS shards) and the benchmark
+tokenizers (scripts/bench/vl_common.py); ``--native-only`` does only that, for a corpus already built.
 
-    python scripts/bench/make_vl_corpus.py --out bench_data/vl --samples 20000
+    python scripts/bench/make_vl_corpus.py --out bench_data/vl --samples 20000 --native
 """
 
 from __future__ import annotations
@@ -40,9 +43,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=24)
     ap.add_argument("--max-side", type=int, default=1280, help="pictures are loaded at most this large")
     ap.add_argument("--no-debian", action="store_true", help="only the pip-installed packages' pictures")
+    ap.add_argument("--native", action="store_true",
+                    help="also write each peer's native format and the benchmark tokenizers into DIR/native/")
+    ap.add_argument("--native-only", action="store_true", help="only (re)write DIR/native/ for an existing corpus")
     args = ap.parse_args(argv)
     out = Path(args.out)
     started = time.perf_counter()
+    if args.native_only:
+        return write_native(out)
     found = demo_vl.package_pictures() + ([] if args.no_debian else demo_vl.debian_pictures())
     loaded = demo_vl.usable_pictures(found, args.max_side)
     if len(loaded) < 2:
@@ -68,6 +76,17 @@ def main(argv: list[str] | None = None) -> int:
     }
     (out / "manifest.json").write_text(json.dumps(manifest, indent=1, sort_keys=True))
     print(f"wrote {out}/ in {time.perf_counter() - started:.1f}s")
+    return write_native(out) if args.native else 0
+
+
+def write_native(out: Path) -> int:
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from vl_common import write_native as write
+
+    started = time.perf_counter()
+    print(f"writing {out}/native/ (ArrayRecord, LitData, MDS, tokenizers) ...", flush=True)
+    write(out, force=True, log=lambda m: print(m, flush=True))
+    print(f"wrote {out}/native/ in {time.perf_counter() - started:.1f}s")
     return 0
 
 

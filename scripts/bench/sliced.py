@@ -75,6 +75,9 @@ def _tokenizer_alone_batches(data: Path, tokens_per_batch: int, threads: int = 0
 
 
 def child(task: dict[str, Any]) -> None:
+    src = task["config"].get("zephon_src")
+    if src:  # a "_before" configuration: that checkout's zephon/, imported before anything else imports one
+        sys.path.insert(0, src)
     import _pipelines
 
     data, cfg, batch, seq_len = Path(task["data"]), task["config"], task["batch"], task["seq_len"]
@@ -238,6 +241,12 @@ def main(argv: list[str] | None = None) -> int:
                     help="pairs: a random order in which each 1-worker/2-worker pair runs back to back "
                          "(default); random: any order")
     ap.add_argument("--noise", type=float, default=0, help="only measure the machine's noise for this many seconds")
+    ap.add_argument("--zephon-src", default="",
+                    help="before/after: also run every chosen Zephon configuration on this checkout's zephon/, as "
+                         "NAME_before, in the same passes")
+    ap.add_argument("--flush-by", default="", choices=("", "units", "chunks"),
+                    help="this checkout's Zephon configurations with this sentinel cadence (units: the batches "
+                         "of a checkout from before flush_by existed, so --zephon-src hashes agree)")
     ap.add_argument("--json", default="")
     args = ap.parse_args(argv)
     data = Path(args.data).resolve()
@@ -253,6 +262,17 @@ def main(argv: list[str] | None = None) -> int:
         pats = only_patterns(args.only)
         cfgs = select_configs(cfgs, pats)
         cfgs += [c for c in text_pipeline.extra_configs() if c["name"] in pats and c not in cfgs]  # named exactly
+    if args.flush_by:
+        cfgs = [{**c, "params": {**c.get("params", {}), "flush_by": args.flush_by}} if c["kind"] == "zephon" else c
+                for c in cfgs]
+    if args.zephon_src:
+        src = str(Path(args.zephon_src).resolve())
+        before = []
+        for c in cfgs:
+            if c["kind"] == "zephon":
+                params = {k: v for k, v in c.get("params", {}).items() if k != "flush_by"}
+                before.append({**c, "name": c["name"] + "_before", "params": params, "zephon_src": src})
+        cfgs += before
     import zephon
     recipe = zephon.load_recipe(data / "recipe.toml")
     batch, seq_len = recipe.global_batch_size, recipe.seq_len

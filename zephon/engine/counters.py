@@ -23,6 +23,7 @@ class LaneCounters:
     skipped_records: int = 0
     source_tokens: dict = field(default_factory=dict)
     skipped_by_reason: dict = field(default_factory=dict)  # blank_records, filtered_records, failed_records...
+    skipped_by_source: dict = field(default_factory=dict)  # (source name, reason) -> count: the same, per source
     window_docs: int = 0  # documents taken in the current window of WINDOW_DOCS
     window_tokens: dict = field(default_factory=dict)  # per source, in the current window
     last_window_tokens: dict = field(default_factory=dict)  # per source, in the last complete window
@@ -34,9 +35,12 @@ class LaneCounters:
         if self.window_docs >= WINDOW_DOCS:
             self.last_window_tokens, self.window_tokens, self.window_docs = self.window_tokens, {}, 0
 
-    def add_counts(self, counts: Mapping[str, int]) -> None:
+    def add_counts(self, counts: Mapping[str, int], source: str | None = None) -> None:
         for k, v in counts.items():
             self.skipped_by_reason[k] = self.skipped_by_reason.get(k, 0) + v
+            if source is not None:
+                key = (source, k)
+                self.skipped_by_source[key] = self.skipped_by_source.get(key, 0) + v
 
     def clear(self) -> None:
         """Zero every counter in place (the lane's nodes hold this same object)."""

@@ -42,6 +42,8 @@ class LocalLanes:
             lane.reset(states.get(lane.lane))
         for lane in self._lanes:  # workers start on every lane's first chunk at once, before any second one:
             lane.prime(1)         # the first batch needs every lane, not all the chunks of the first lanes
+        for lane in self._lanes:  # a resume: every lane's replay in flight at once
+            lane.prime_replay()
         for lane in self._lanes:
             lane.prime()
 
@@ -97,6 +99,8 @@ def _lane_worker(pipeline: Any, lanes: list[int], states: dict[int, dict], out: 
             node.reset(states.get(node.lane))
         for node in nodes:
             node.prime(1)
+        for node in nodes:
+            node.prime_replay()
         for node in nodes:
             node.prime()
         while not stop.is_set():

@@ -49,7 +49,7 @@ class LaneProgram:
     rows_per_lane: int
     flush_every: int
     seq_len: int
-    flush_by: str = "units"
+    flush_by: str = "chunks"
     max_empty_units: list[int] = field(default_factory=list)
     token_fields: dict[str, tuple[Any, Any]] = field(default_factory=dict)  # name -> (dtype, default)
     finite: bool = False  # some source stops after its passes: lanes end, the loader agrees on when
@@ -66,6 +66,9 @@ class LaneProgram:
 
     def parse_state(self, d: Any, lane: int, check_plan: bool = True) -> LaneState:
         return parse_lane_state(d, lane, self.names, self.seq_len, self.plan if check_plan else None)
+
+
+REPLAY_PRIME_MAX = 256  # chunks per source put in flight at once for a resumed lane's replay
 
 
 class Lane(BaseNode[list[Row]]):
@@ -95,6 +98,7 @@ class Lane(BaseNode[list[Row]]):
                 node = StageBuffer(node, self.executor_for(s, k), s, k, self.depth)
             streams.append(SourceStream(s, name, node, position, policy,
                                         EmptySourceWatch(name, p.max_empty_units[s]), self.counters))
+        self._streams = streams
         chain: BaseNode = MergeNode(call_factory(p.merge, ctx), streams, policy, state.sentinels, self.counters,
                                     clock)
         for name, factory in p.steps:
@@ -103,7 +107,9 @@ class Lane(BaseNode[list[Row]]):
 
     def reset(self, initial_state: dict | None = None) -> None:
         super().reset(initial_state)
-        if initial_state is not None:
+        if initial_state is None:  # torchdata's contract: reset(None) starts from the beginning
+            self._state = LaneState.initial(self.program.names)
+        else:
             self._state = initial_state if isinstance(initial_state, LaneState) else \
                 self.program.parse_state(initial_state, self.lane)
         self._rows = self._build(self._state)
@@ -114,11 +120,19 @@ class Lane(BaseNode[list[Row]]):
         self.ended = False  # the chain has no more rows: the lane delivers padding rows
         self._since_rows: list[bytes] = []  # digests of the rows since that sentinel (to check a replay)
         self._to_skip = self._state.rows_since_flush  # replay-and-skip, on the first next()
+        self._taken_base = (0,) * len(self._streams)  # chunks taken by the sources at the last sentinel
 
     def prime(self, limit: int | None = None) -> None:
         """Submit the first stateless tasks of every source now (a host calls this for all its lanes
         before pulling any, so that workers start on every lane at once); ``limit`` per (source, stage)."""
         self._rows.prime(limit)
+
+    def prime_replay(self) -> None:
+        """A resumed lane that must replay rows since its last sentinel: submit the chunks of that segment
+        now (the state's ``replay``: how many each source had given), so that the workers re-read and
+        re-tokenize every lane's segment in parallel. A hint: any value gives the same rows."""
+        if self._to_skip and self._state.replay:
+            self._rows.prime_replay([min(n, REPLAY_PRIME_MAX) for n in self._state.replay])
 
     def _next_row(self) -> Row:
         while True:
@@ -146,6 +160,7 @@ class Lane(BaseNode[list[Row]]):
                                                 item.carry, tuple(clock.snapshot(item.index)))
                 self._since = 0
                 self._since_rows = []
+                self._taken_base = item.taken or self._taken_base
                 continue
             self._since += 1
             self._received += 1
@@ -180,7 +195,8 @@ class Lane(BaseNode[list[Row]]):
             if row.flushed:
                 c.flush_pad_tokens += row.free
         start = self._segment_start
-        self._state = LaneState(start.sentinels, start.positions, self._since, start.carry, start.clock)
+        replay = tuple(s.taken - b for s, b in zip(self._streams, self._taken_base)) if self._since else ()
+        self._state = LaneState(start.sentinels, start.positions, self._since, start.carry, start.clock, replay)
         return rows
 
     def get_state(self) -> dict[str, Any]:

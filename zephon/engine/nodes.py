@@ -53,6 +53,12 @@ class MergeNode(BaseNode):
         for stream in self.streams:
             stream.chunks.prime(limit)
 
+    def prime_replay(self, counts: Sequence[int]) -> None:
+        """Put each source's next ``counts[s]`` chunks in flight (a resumed lane's replay)."""
+        for stream, n in zip(self.streams, counts):
+            if n and hasattr(stream.chunks, "prime_replay"):
+                stream.chunks.prime_replay(n)
+
     def get_state(self) -> dict[str, Any]:
         return {"sentinels": self._sentinels, "positions": {s.name: list(s.position) for s in self.streams}}
 
@@ -66,7 +72,8 @@ class MergeNode(BaseNode):
             mixed = self.clock.mixed
             self.clock.mixed_at[self._sentinels] = mixed
             self.clock.segment = self._sentinels
-        self._queue.append(Flush(self._sentinels, tuple(s.position for s in self.streams), mixed=mixed))
+        self._queue.append(Flush(self._sentinels, tuple(s.position for s in self.streams), mixed=mixed,
+                                 taken=tuple(s.taken for s in self.streams)))
 
     def next(self) -> Any:
         queue = self._queue
@@ -125,6 +132,9 @@ class AccumulatorNode(BaseNode):
 
     def prime(self, limit: int | None = None) -> None:
         self.upstream.prime(limit)
+
+    def prime_replay(self, counts: Sequence[int]) -> None:
+        self.upstream.prime_replay(counts)
 
     def get_state(self) -> dict[str, Any]:
         return {"operator": self.name, "sentinels_passed": self._sentinels}

@@ -17,7 +17,7 @@ FLUSH_BY = ("chunks", "units")
 class FlushPolicy:
     """Sentinel cadence of one lane (see the module docstring)."""
 
-    def __init__(self, flush_every: int, by: str = "units") -> None:
+    def __init__(self, flush_every: int, by: str = "chunks") -> None:
         if flush_every < 1:
             raise ValueError(f"flush_every must be >= 1, got {flush_every}")
         if by not in FLUSH_BY:

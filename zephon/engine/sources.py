@@ -84,6 +84,22 @@ class StageBuffer(BaseNode[Chunk]):
             self.upstream.prime(limit)
         self._fill(limit)
 
+    def prime_replay(self, n: int) -> None:
+        """Submit up to ``n`` items of the first stage now, beyond ``depth``: a resumed lane re-reads the
+        ``n`` chunks it had taken since its last sentinel, and with them all in flight at once the workers
+        replay every lane in parallel. Later stages are left to pull (filling them would wait here on the
+        first stage)."""
+        if isinstance(self.upstream, StageBuffer):
+            self.upstream.prime_replay(n)
+            return
+        while not self._exhausted and len(self._pending) < n:
+            try:
+                item = next(self.upstream)
+            except StopIteration:
+                self._exhausted = True
+                return
+            self._pending.append(self.executor.submit(self.source, self.stage, item))
+
     def next(self) -> Chunk:
         self._fill()
         if not self._pending:
@@ -124,6 +140,7 @@ class SourceStream:
         self._chunk: Chunk | None = None
         self._k = 0
         self.ended = False  # a source that stops after some passes has given its last document
+        self.taken = 0  # chunks taken so far (how many a replay from a sentinel re-reads: a resume hint)
 
     def _open(self, chunk: Chunk) -> None:
         """Per-chunk Python lists: read once per document, where numpy scalar indexing would cost more
@@ -141,7 +158,7 @@ class SourceStream:
         """Book the end of ``chunk``; True when that makes a flush due."""
         self._chunk = None
         self.counters.skipped_records += chunk.skipped
-        self.counters.add_counts(chunk.counts)
+        self.counters.add_counts(chunk.counts, self.name)
         if not chunk.unit_end:
             self.position = (chunk.unit_seq, chunk.end_cursor, 0)
             return self.policy.chunk_done(False)
@@ -160,6 +177,7 @@ class SourceStream:
                 except StopIteration:
                     self.ended = True
                     return None, False
+                self.taken += 1
                 if chunk.n == 0:
                     if chunk.unit_end:
                         self.watch.empty_unit()

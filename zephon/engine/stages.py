@@ -171,6 +171,6 @@ def drop_delivered(chunk: Chunk, source_name: str) -> Chunk:
             f"changed since the checkpoint, or the state was edited. Resume on the same data with the same pipeline.")
     keep = np.arange(s, chunk.n, dtype=np.int64)
     skipped = chunk.skipped
-    out = chunk.select(keep)
+    out = chunk.select(keep, renumber=False)  # delivered records still count in the skips after them
     out.skipped, out.skip_pending = skipped, 0
     return out

@@ -40,7 +40,12 @@ build on it). A document has
   array ``[n_patches, p*p*3]`` (``patchify=True``: patches row-major, pixels row-major inside a patch,
   channels last, the ``merge x merge`` patches of one token consecutive) or ``[H, W, 3]`` pixels;
 - ``image_grid_thw``: a per-document payload, a ``(t, h, w)`` tuple per image, in patches before the
-  merge (``t`` = 1 for an image); the image's token count is ``t * h * w // merge**2``.
+  merge (``t`` = 1 for an image); the image's token count is ``t * h * w // merge**2``;
+- ``image_spans``: a per-document payload, int32 ``[n_images, 4]``: each image's ``(span_start, pad_start,
+  pad_end, span_end)`` token offsets (the span holds its start, pad and end tokens). The splitter and the
+  packer never cut inside a span and give each piece only the images it holds
+  (:mod:`zephon.ops.image_layout`); a text piece that spells an image token (``<|image_pad|>``) loses it
+  (counted as ``image_ids_in_text``), so the pad tokens are exactly the images' tokens.
 
 Worked example (``tests/test_vision.py`` runs it): ``patch_size=14, merge=2``, ``max_pixels=56*56``
 (``fit``), one JPEG of 60 x 100 pixels (height x width) with the caption "a red <image> kite" (its two
@@ -50,6 +55,7 @@ pieces tokenize to ``[7, 8]`` and ``[9]``), image ids start 5, pad 4, end 6, EOS
     images          = [uint8 [8, 588]]          image_grid_thw = [(1, 2, 4)]
     tokens:  8 patches / 2**2 = 2 image tokens
     input_ids       = [7, 8, 5, 4, 4, 6, 9, 2]
+    image_spans     = [[2, 3, 5, 6]]            # start token at 2, pads [3, 5), end token at 5
     loss_mask       = [1, 0, 0, 0, 0, 1, 1, 1]  # labels 8, -100, -100, -100, -100, 9, 2, tail
 """
 

@@ -19,7 +19,8 @@ The layout of a record (see :mod:`zephon.ops.image` for the data side):
 ``loss_mask`` (a per-token field) is label-aligned: position ``i`` is 0 when token ``i+1`` is an image token
 (start, pad or end), 1 elsewhere, so ``labels`` is -100 wherever an image token would be predicted; with
 ``loss_on_images=True`` it is 1 everywhere. ``images`` and ``image_grid_thw`` come out compacted to the
-images that were placed, in order: the output contract of :mod:`zephon.ops.image`. A record with neither
+images that were placed, in order, with ``image_spans`` (each image's token offsets): the output contract
+of :mod:`zephon.ops.image`. A record with neither
 text nor an image is skipped and counted (``blank_records``).
 """
 
@@ -36,6 +37,7 @@ from ..recipe import TokenizerSpec
 from ..tokenization import Tokenizer
 from .base import Transform
 from .image import IMAGE_GRID, IMAGES
+from .image_layout import IMAGE_SPANS
 from .tokenize import shared_tokenizer, tokenizer_description
 
 UNPLACED = ("before", "after")
@@ -179,6 +181,7 @@ class TokenizeImages(Transform):
         pieces: list[str] = []
         layouts = [self._parts(chunk, j, texts[j], all_images[j] or [], pieces) for j in range(chunk.n)]
         flat, lengths = tok.encode_plain(pieces)
+        flat, lengths = self._no_image_ids_in_text(chunk, flat, lengths)
         piece_at = np.zeros(len(lengths) + 1, dtype=np.int64)
         np.cumsum(lengths, out=piece_at[1:])
         bos = [tok.bos_id] if self.spec.add_bos else []
@@ -189,6 +192,7 @@ class TokenizeImages(Transform):
         keep: list[int] = []
         out_images: list[list[np.ndarray]] = []
         out_grids: list[list[tuple[int, int, int]]] = []
+        out_spans: list[np.ndarray] = []
         frame_b, frame_e = np.asarray(bos, dtype=np.int32), np.asarray(eos, dtype=np.int32)
         no_b, no_e = np.zeros(len(bos), bool), np.zeros(len(eos), bool)  # BOS/EOS are not image tokens
         for j, parts in enumerate(layouts):
@@ -197,12 +201,14 @@ class TokenizeImages(Transform):
             imgs, grids = all_images[j], all_grids[j]
             doc: list[np.ndarray] = [frame_b]
             flags: list[np.ndarray] = [no_b]
-            kept_imgs, kept_grids = [], []
+            kept_imgs, kept_grids, spans = [], [], []
+            pos = len(bos)
             for kind, k in parts:
                 if kind == 0:
                     ids = flat[piece_at[k]:piece_at[k + 1]]
                     doc.append(ids)
                     flags.append(np.zeros(len(ids), bool))
+                    pos += len(ids)
                     continue
                 n = self._tokens_of(chunk, j, grids[k])
                 ids = np.full(n + (start is not None) + (end is not None), pad, dtype=np.int32)
@@ -214,6 +220,9 @@ class TokenizeImages(Transform):
                 flags.append(np.ones(len(ids), bool))
                 kept_imgs.append(imgs[k])
                 kept_grids.append(tuple(grids[k]))
+                first = pos + (start is not None)
+                spans.append((pos, first, first + n, pos + len(ids)))  # where the packer may not cut
+                pos += len(ids)
             doc.append(frame_e)
             flags.append(no_e)
             length = sum(len(a) for a in doc)
@@ -225,6 +234,7 @@ class TokenizeImages(Transform):
             keep.append(j)
             out_images.append(kept_imgs)
             out_grids.append(kept_grids)
+            out_spans.append(np.asarray(spans, dtype=np.int32).reshape(len(spans), 4))
         chunk.count("blank_records", chunk.n - len(keep))
         tokens = np.concatenate(arrays).astype(np.int32, copy=False) if arrays else np.zeros(0, np.int32)
         offsets = np.zeros(len(keep) + 1, dtype=np.int64)
@@ -236,11 +246,25 @@ class TokenizeImages(Transform):
             mask[offsets[1:] - 1] = 1  # a document's last label is its tail, never an image token
         out = chunk.select(np.asarray(keep, dtype=np.int64))
         columns = {k: v for k, v in out.columns.items() if self.keep_field or k != self.field}
-        columns[IMAGES], columns[IMAGE_GRID] = out_images, out_grids
+        columns[IMAGES], columns[IMAGE_GRID], columns[IMAGE_SPANS] = out_images, out_grids, out_spans
         out.columns = columns
         out.token_fields = {INPUT_IDS: tokens, LOSS_MASK: mask}
         out.offsets = offsets
         return out
+
+    def _no_image_ids_in_text(self, chunk: Chunk, flat: np.ndarray, lengths: np.ndarray
+                              ) -> tuple[np.ndarray, np.ndarray]:
+        """The text pieces' tokens without the image ids: a text that spells ``<|image_pad|>`` (the tokenizer
+        maps it to the special id) would otherwise add image tokens that no image fills, and a model that
+        scatters image features into the pad positions would fail. Dropped and counted (``image_ids_in_text``)."""
+        ids = [i for i in self.image_ids if i is not None]
+        hit = np.isin(flat, ids)
+        if not hit.any():
+            return flat, lengths
+        chunk.count("image_ids_in_text", int(hit.sum()))
+        piece_of = np.repeat(np.arange(len(lengths)), lengths)
+        lengths = np.asarray(lengths) - np.bincount(piece_of[hit], minlength=len(lengths))
+        return flat[~hit], lengths
 
     def _tokens_of(self, chunk: Chunk, j: int, grid: Any) -> int:
         t, h, w = (int(v) for v in grid)

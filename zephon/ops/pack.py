@@ -15,7 +15,7 @@ few open rows ("bins"). Ties are broken by the order in which bins were opened, 
 
 Every per-token field of a document (``input_ids``, ``loss_mask``, ...) is packed side by side, so the
 fields of a row stay aligned; a document's payloads (metadata, images) go with it into its row (each
-piece of a cut document carries them). A document without one of the pipeline's per-token fields gets
+piece of a cut document carries them; its images, only those whose tokens it holds: below). A document without one of the pipeline's per-token fields gets
 that field's default (e.g. ``loss_mask`` 1: every label counts).
 
 At a :class:`Flush` sentinel the packer must empty itself, so that after it it is as if new. Padding
@@ -44,6 +44,26 @@ Worked example, ``seq_len = 8``, ``max_open_bins = 2``, documents of lengths 5, 
                (x' = first part of a cut piece, x'' = the rest)
     first_fit: same here; it differs when several bins fit (oldest wins, not tightest)
     wrap:      [5,3'] [1'',3,2,2'] [4''...] (the 4- and 6-token documents continue on the next row)
+
+**Documents with images** (``image_spans``, from ``tokenize_images``; :mod:`zephon.ops.image_layout`). Image
+tokens are tokens: they count against ``seq_len`` like any other. A document is never cut inside an
+image's tokens (start, pads, end), and every piece carries exactly the images whose tokens it holds, so
+an image's pixels are in exactly one row. ``limits`` caps the images and patches of one row
+(``max_images_per_row``, ``max_patches_per_row``): a document that would take a row over them goes to
+another bin (best/first fit) or closes the row (wrap). Where a cut would fall inside an image (``wrap``,
+the wrap-up of the open bins at a flush, the top-up of the held row), the row is closed there and the
+image starts the next one: the row is padded by at most the image's span less one token (or by what the
+limits leave unused). So a flush costs no padding for rows of text, and for rows with images at most one
+image span per row the wrap-up makes, plus one for the held row (``flush_pad_tokens``; measured in
+``tests/test_multimodal_pack.py``). The replay state is unchanged: ``carry`` tokens, at a cut that is
+never inside an image.
+
+Worked example with images, ``seq_len = 10``, best fit, ``max_images_per_row = 1``: a caption document
+``[S P P E t t]`` (6 tokens, 1 image), then another ``[S P E t]`` (4 tokens, 1 image), then text
+``[t t t t]``::
+
+    doc 1 -> A[6, 1 image]     doc 2: A has room for its 4 tokens, not for a second image -> B[4, 1 image]
+    text  -> A[6, 4] full, emit A (10 tokens, 1 image); B stays open
 """
 from __future__ import annotations
 
@@ -55,6 +75,8 @@ import numpy as np
 
 from ..records import INPUT_IDS, Flush, Row, doc_tail
 from .base import Accumulator, LaneContext
+from .image_layout import (BIG, IMAGE_SPANS, NO_LIMITS, ImageLimits, ImageTooLarge, cut_points, patch_counts, piece,
+                           safe_cut, spans_of, too_large)
 
 PACK_ALGORITHMS = ("best_fit", "first_fit", "wrap")
 
@@ -65,13 +87,13 @@ class Pack(Accumulator):
     ``fields``: the per-token fields to pack, ``{name: (dtype, default)}`` with ``input_ids`` first (the
     pipeline collects them from what its operators produce); every other field of a document is a payload
     that travels with it. ``ctx.carry``: leading tokens to drop, the ``carry`` of the sentinel a
-    resumed lane restarts at.
+    resumed lane restarts at. ``limits``: the images and patches one row may hold (documents with images).
     """
 
     kind = "pack"
 
     def __init__(self, ctx: LaneContext, seq_len: int, algorithm: str = "best_fit", max_open_bins: int = 16,
-                 fields: Mapping[str, tuple[Any, Any]] | None = None) -> None:
+                 fields: Mapping[str, tuple[Any, Any]] | None = None, limits: ImageLimits | None = None) -> None:
         if algorithm not in PACK_ALGORITHMS:
             raise ValueError(f"pack(algorithm={algorithm!r}): use one of {PACK_ALGORITHMS}")
         if ctx.carry < 0:
@@ -91,10 +113,14 @@ class Pack(Accumulator):
         self._held: Row | None = None  # part-filled last row of the segment before a sentinel
         self._held_flush: Flush | None = None
         self._taken = 0  # tokens of the new segment already put into the held row
+        self.limits = limits or NO_LIMITS
+        self._cap_images = BIG if self.limits.max_images is None else self.limits.max_images
+        self._cap_patches = BIG if self.limits.max_patches is None else self.limits.max_patches
+        self._flushing = False  # a row closed early while the open bins are wrapped up: a sentinel's cost
 
     def describe(self) -> dict[str, Any]:
         return {"op": self.kind, "seq_len": self.seq_len, "algorithm": self.algorithm,
-                "max_open_bins": self.max_open if self.algorithm != "wrap" else None}
+                "max_open_bins": self.max_open if self.algorithm != "wrap" else None, **self.limits.describe()}
 
     # -- emission -------------------------------------------------------------------------------
     def _new_bin(self) -> Row:
@@ -154,14 +180,98 @@ class Pack(Accumulator):
             self._put(0, doc, a, b, int(tokens[b]) if b < n else tail)
             a = b
 
+    # -- documents with images (see the module docstring) ------------------------------------------------
+    def _room(self, row: Row) -> tuple[int, int]:
+        return self._cap_images - row.n_images, self._cap_patches - row.n_patches
+
+    def _add_images(self, row: Row, doc: Mapping[str, Any], n: int, tail: int) -> None:
+        """Put a whole document (or piece) with images into ``row``, counting its images and patches."""
+        row.add(doc, 0, n, tail, self._names, self._defaults, self._fieldset)
+        patches = patch_counts(doc)
+        row.n_images += len(patches)
+        row.n_patches += sum(patches)
+
+    def _place_images(self, doc: Mapping[str, Any]) -> None:
+        """Best or first fit of a document with images among the bins that have room for its tokens,
+        images and patches (wrap: :meth:`_wrap_images`)."""
+        if self.algorithm == "wrap":
+            self._wrap_images(doc)
+            return
+        n, tail = len(doc[INPUT_IDS]), doc_tail(doc)
+        patches = patch_counts(doc)
+        k, p = len(patches), sum(patches)
+        if n > self.seq_len or k > self._cap_images or p > self._cap_patches:  # not split to fit (no split)
+            bounds = [0, *cut_points(doc[IMAGE_SPANS], patches, n, self.seq_len, self.limits), n]
+            for a, b in zip(bounds[:-1], bounds[1:]):
+                self._place_images(piece(doc, a, b, self._names))
+            return
+        best, best_free = -1, self.seq_len + 1
+        for j, row in enumerate(self._bins):
+            free = row.free
+            if n <= free < best_free and row.n_images + k <= self._cap_images and row.n_patches + p <= self._cap_patches:
+                best, best_free = j, free
+                if self.algorithm == "first_fit" or free == n:
+                    break
+        if best < 0:
+            if len(self._bins) >= self.max_open:
+                self._evict_fullest()
+            self._new_bin()
+            best = len(self._bins) - 1
+        row = self._bins[best]
+        self._add_images(row, doc, n, tail)
+        if row.free == 0:
+            self._emit(self._bins.pop(best))
+
+    def _wrap_images(self, doc: Mapping[str, Any]) -> None:
+        """Wrap a document with images into the open row and new ones, cutting only between images; a row
+        an image does not fit in (its tokens, or the row's image limits) is closed, padded."""
+        ids, tail = doc[INPUT_IDS], doc_tail(doc)
+        n, spans, patches = len(ids), doc[IMAGE_SPANS], patch_counts(doc)
+        a = 0
+        while a < n:
+            row = self._bins[0] if self._bins else self._new_bin()
+            b = safe_cut(spans, patches, a, min(n, a + row.free), *self._room(row))
+            if b == a:
+                if row.fill == 0:
+                    k = int(np.searchsorted(spans[:, 0], a))
+                    raise ImageTooLarge(too_large(spans[k], patches[k], self.seq_len, self.limits))
+                self._emit(self._bins.pop(0), flushed=self._flushing)
+                continue
+            part = doc if (a, b) == (0, n) else piece(doc, a, b, self._names)
+            self._add_images(row, part, b - a, int(ids[b]) if b < n else tail)
+            if row.free == 0:
+                self._emit(self._bins.pop(0))
+            a = b
+
+    def _top_up_images(self, doc: Mapping[str, Any], spans: np.ndarray) -> None:
+        """:meth:`_top_up` for a document with images: the held row takes its tokens up to the last cut
+        between images that fits; if that is not the whole document, the row is released (padded by what
+        the image left) and the rest is placed as usual."""
+        row, ids, tail = self._held, doc[INPUT_IDS], doc_tail(doc)
+        assert row is not None
+        n = len(ids)
+        k = safe_cut(spans, patch_counts(doc), 0, min(n, row.free), *self._room(row))
+        if k:
+            self._add_images(row, doc if k == n else piece(doc, 0, k, self._names), k, int(ids[k]) if k < n else tail)
+            self._taken += k
+        if row.free == 0 or k < n:
+            self._release()
+            if k < n:
+                self._place_images(doc if k == 0 else piece(doc, k, n, self._names))
+
     def _flush_bins(self) -> Row | None:
         """Wrap the open bins' pieces into rows; emit the full ones, return the part-filled last one."""
         bins, self._bins = self._bins, []
         if self.algorithm == "wrap" or len(bins) <= 1:
             self._bins = bins
         else:
-            for piece in (seg for row in bins for seg in row.segments()):
-                self._wrap(piece, 0, len(piece[INPUT_IDS]), piece.tail)
+            self._flushing = True
+            for seg in (seg for row in bins for seg in row.segments()):
+                if spans_of(seg) is not None:
+                    self._wrap_images(seg)
+                else:
+                    self._wrap(seg, 0, len(seg[INPUT_IDS]), seg.tail)
+            self._flushing = False
         last = self._bins.pop() if self._bins else None
         assert not self._bins
         return last
@@ -173,6 +283,10 @@ class Pack(Accumulator):
         self._held, self._held_flush, self._taken = None, None, 0
 
     def _top_up(self, doc: Mapping[str, Any], tail: int) -> None:
+        spans = spans_of(doc)
+        if spans is not None:
+            self._top_up_images(doc, spans)
+            return
         row, n = self._held, len(doc[INPUT_IDS])
         k = min(n, row.free)
         row.add(doc, 0, k, int(doc[INPUT_IDS][k]) if k < n else tail, self._names, self._defaults, self._fieldset)
@@ -191,13 +305,28 @@ class Pack(Accumulator):
                 self._skip -= n
             else:
                 a, self._skip = self._skip, 0
-                self._place(doc, a, n, tail)
+                if spans_of(doc) is not None:
+                    self._place_images(self._skipped_piece(doc, a, n))
+                else:
+                    self._place(doc, a, n, tail)
         elif self._held is not None:
             self._top_up(doc, tail)
+        elif spans_of(doc) is not None:
+            self._place_images(doc)
         else:
             self._place(doc, 0, len(doc[INPUT_IDS]), tail)
         out, self._out = self._out, deque()
         return out
+
+    def _skipped_piece(self, doc: Mapping[str, Any], a: int, n: int) -> Mapping[str, Any]:
+        try:
+            return piece(doc, a, n, self._names)
+        except ValueError:
+            raise RuntimeError(
+                f"the {a} tokens carried over from the checkpoint's last sentinel end inside an image of the first "
+                "document after it, where the packer never cuts: the sources now hold different data than when the "
+                "checkpoint was written, or the state's carry was edited. Resume on the same data, from the state as "
+                "it was written.") from None
 
     def on_flush(self, flush: Flush) -> Iterable[Any]:
         """Emit what the bins hold, wrapped; hold the part-filled last row (and the sentinel) for the

@@ -9,6 +9,12 @@ skip the pieces already taken), so a lane can checkpoint between two pieces of o
 Worked example, ``max_tokens = 4``, one document ``[1 2 3 4 5 6 7 8 9 2]`` (EOS 2)::
 
     pieces [1 2 3 4] tail 5,  [5 6 7 8] tail 9,  [9 2] tail -100
+
+A document with images (``image_spans``, from ``tokenize_images``) is never cut inside an image's tokens:
+a cut that would fall inside moves back to the image's start, and a piece also closes before an image that
+would take it over the packer's per-row image or patch limits (``limits``, set by the pipeline). Each piece
+carries only the images it holds (:mod:`zephon.ops.image_layout`, which has a worked example); an image
+that cannot fit in a row on its own is an error that names the fix.
 """
 
 from __future__ import annotations
@@ -18,7 +24,10 @@ from typing import Any, Sequence
 import numpy as np
 
 from ..records import IGNORE, INPUT_IDS, Chunk, cut_doc, doc_length
+from ..readers.base import SourceError
 from .base import Transform
+from .image_layout import (IMAGE_GRID, IMAGE_SPANS, NO_LIMITS, PER_IMAGE, ImageLimits, ImageTooLarge, cut_points,
+                           images_in, patch_counts, piece, spans_of)
 
 
 def piece_bounds(offsets: np.ndarray, max_tokens: int) -> tuple[np.ndarray, np.ndarray]:
@@ -49,6 +58,7 @@ class Split(Transform):
         super().__init__(name, sources, executor)
         self.max_tokens = max_tokens
         self.token_names: tuple[str, ...] = (INPUT_IDS,)  # set by the pipeline: every per-token field
+        self.limits: ImageLimits = NO_LIMITS  # set by the pipeline: the packer's per-row image limits
 
     def describe(self) -> dict[str, Any]:
         return {**super().describe(), "max_tokens": self.max_tokens}
@@ -57,7 +67,12 @@ class Split(Transform):
         if not chunk.token_fields:
             raise ValueError(f"operator '{self.name}' needs documents: put .tokenize() before .split()")
         assert chunk.offsets is not None
-        counts, new_offsets = piece_bounds(chunk.offsets, self.max_tokens)
+        spans = chunk.columns.get(IMAGE_SPANS)
+        with_images = spans is not None and any(len(x) for x in spans if x is not None)
+        if with_images:
+            counts, new_offsets = self._image_bounds(chunk)
+        else:
+            counts, new_offsets = piece_bounds(chunk.offsets, self.max_tokens)
         if len(new_offsets) - 1 == chunk.n:
             return chunk
         n_pieces = len(new_offsets) - 1
@@ -72,13 +87,55 @@ class Split(Transform):
         index = np.repeat(np.arange(chunk.n), counts)
         chunk.columns = {k: (v[index] if isinstance(v, np.ndarray) else [v[i] for i in index.tolist()])
                          for k, v in chunk.columns.items()}
+        if with_images:
+            self._image_payloads(chunk, new_offsets[:-1] - chunk.offsets[:-1][index], np.diff(new_offsets))
         chunk.resume_cursor, chunk.resume_skip = cursor, skip
         chunk.offsets, chunk.tails = new_offsets, tails
         return chunk
 
+    def _cuts(self, spans: np.ndarray | None, patches: list[int], n: int, where: Any) -> list[int]:
+        try:
+            return cut_points(spans, patches, n, self.max_tokens, self.limits)
+        except ImageTooLarge as exc:
+            raise SourceError(f"operator '{self.name}': {where()}: {exc}") from None
+
+    def _image_bounds(self, chunk: Chunk) -> tuple[np.ndarray, np.ndarray]:
+        """Like :func:`piece_bounds`, with cuts placed between images (one document at a time: only chunks
+        with images come here, and a few cuts per document are cheap next to decoding its images)."""
+        offsets = chunk.offsets
+        assert offsets is not None
+        spans_col, grids_col = chunk.columns[IMAGE_SPANS], chunk.columns[IMAGE_GRID]
+        counts = np.empty(chunk.n, dtype=np.int64)
+        starts: list[int] = []
+        for j, (a, b) in enumerate(zip(offsets[:-1].tolist(), offsets[1:].tolist())):
+            spans = spans_col[j] if spans_col[j] is not None and len(spans_col[j]) else None
+            patches = patch_counts({IMAGE_GRID: grids_col[j]}) if spans is not None else []
+            cuts = self._cuts(spans, patches, b - a, lambda: chunk.where(j))
+            counts[j] = len(cuts) + 1
+            starts += [a] + [a + c for c in cuts]
+        return counts, np.asarray(starts + [int(offsets[-1])], dtype=np.int64)
+
+    def _image_payloads(self, chunk: Chunk, starts: np.ndarray, lengths: np.ndarray) -> None:
+        """Each piece's own images (piece ``i`` is tokens ``[starts[i], starts[i] + lengths[i])`` of its
+        document): those whose spans lie in it, offsets shifted to the piece."""
+        cols = {k: chunk.columns[k] for k in PER_IMAGE if k in chunk.columns}
+        for i, (a, n) in enumerate(zip(starts.tolist(), lengths.tolist())):
+            spans = cols[IMAGE_SPANS][i]
+            if spans is None or not len(spans):
+                continue
+            part = images_in({k: v[i] for k, v in cols.items()}, a, a + n)
+            for k in cols:
+                cols[k][i] = part[k]
+
     def apply_records(self, records: list[Any]) -> list[Any]:
         out = []
         for rec in records:
+            spans = spans_of(rec)
+            if spans is not None:
+                n = doc_length(rec)
+                bounds = [0, *self._cuts(spans, patch_counts(rec), n, lambda: "a document"), n]
+                out += [piece(rec, a, b, self.token_names) for a, b in zip(bounds[:-1], bounds[1:])]
+                continue
             while doc_length(rec) > self.max_tokens:
                 head, rec = cut_doc(rec, self.max_tokens, self.token_names)
                 out.append(head)

@@ -58,13 +58,14 @@ def make_reader(name: str, read: "ReadSpec", fs: fsspec.AbstractFileSystem) -> R
                               f"zephon.read.table(...).")
         return MemoryReader(name, read.payload, read.text_field, read.chunk_rows, read.cache_bytes, tokens, limit,
                             read.columns)
+    if read.format in INDEXED_READERS:  # MDS, LitData: shards listed from index.json (readers/indexed.py)
+        several = read.columns if read.columns and read.columns != (tokens or read.text_field,) else None
+        return INDEXED_READERS[read.format](fs, name, tokens or read.text_field, tokens is not None,
+                                            read.chunk_rows, read.cache_bytes, columns=several)
     if read.columns and read.columns != (tokens or read.text_field,):
         raise SourceError(f"source '{name}': format '{read.format}' reads one field (text_field or tokens_field); "
-                          f"columns={list(read.columns)} is supported for parquet, jsonl, lance, arrow, hf and "
-                          f"in-memory sources.")
-    if read.format in INDEXED_READERS:  # MDS, LitData: shards listed from index.json (readers/indexed.py)
-        return INDEXED_READERS[read.format](fs, name, tokens or read.text_field, tokens is not None,
-                                            read.chunk_rows, read.cache_bytes)
+                          f"columns={list(read.columns)} is supported for parquet, jsonl, lance, arrow, hf, mds, "
+                          f"litdata, webdataset and in-memory sources.")
     if read.format == "vortex":
         return VortexReader(fs, name, read.text_field, read.chunk_rows, read.cache_bytes, tokens)
     raise SourceError(f"source '{name}': no reader for format '{read.format}'.")

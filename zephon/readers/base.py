@@ -13,6 +13,7 @@ it, so the position after any record is exact.
 
 from __future__ import annotations
 
+import collections.abc
 import math
 import threading
 from collections import OrderedDict
@@ -107,6 +108,43 @@ class Unit:
     file: int
     start: int
     end: int
+
+
+class WholeFiles(collections.abc.Sequence):
+    """The units ``[Unit(0, 0, -1), Unit(1, 0, -1), ..., Unit(n - 1, 0, -1)]`` (every file whole), made on
+    demand: a plan of 100k files holds one integer instead of 100k objects, and a lane builds only the
+    units it reads. Equal, element by element and in order, to that list."""
+
+    __slots__ = ("n",)
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, index: Any) -> Any:
+        if isinstance(index, slice):
+            return [Unit(i, 0, -1) for i in range(*index.indices(self.n))]
+        i = index.__index__()
+        if i < 0:
+            i += self.n
+        if not 0 <= i < self.n:
+            raise IndexError(f"unit {index} of {self.n}")
+        return Unit(i, 0, -1)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, WholeFiles):
+            return self.n == other.n
+        return isinstance(other, Sequence) and not isinstance(other, (str, bytes)) and list(self) == list(other)
+
+    __hash__ = None  # type: ignore[assignment]  # like the list it stands for
+
+    def __repr__(self) -> str:
+        return f"WholeFiles({self.n})"
+
+    def __reduce__(self) -> tuple:
+        return WholeFiles, (self.n,)
 
 
 @dataclass
@@ -212,7 +250,7 @@ def units_of_groups(files: Sequence[str], lanes: int, group_starts: Callable[[st
     returns the cumulative row offsets ``[0, n0, n0+n1, ..., total]``.
     """
     if len(files) >= lanes:
-        return [Unit(i, 0, -1) for i in range(len(files))]
+        return WholeFiles(len(files))
     groups = []
     for i, path in enumerate(files):
         starts = group_starts(path)

@@ -19,11 +19,18 @@ with its sample count. So:
 
 Any disagreement between an index and its shard (sample count, byte size, offsets, a sample whose
 columns do not add up) is a :class:`SourceError` naming the shard and the index; nothing is skipped.
+
+**Several columns** (``columns=[...]``, e.g. a caption and an image): each column is read by its kind,
+decided from the index alone (:meth:`IndexedReader.column_kind`): text, token ids, or *raw bytes* (an
+encoded image: the bytes as stored, never decoded here; ``decode_images`` sniffs and decodes them later,
+on the workers). Encodings that would need a deserializer (pickle, a pixel layout of the writer's own) are
+refused as for one field.
 """
 
 from __future__ import annotations
 
 import bz2
+import copy
 import gzip
 import json
 import math
@@ -70,11 +77,14 @@ class IndexedReader:
     exact_end = True  # the last sample ends where the shard ends (LitData may append a footer)
 
     def __init__(self, fs: fsspec.AbstractFileSystem, source: str, field_name: str, tokens: bool,
-                 chunk_rows: int, cache_bytes: int = 1 << 30) -> None:
+                 chunk_rows: int, cache_bytes: int = 1 << 30, columns: Sequence[str] | None = None) -> None:
         self.fs = fs
         self.source = source
         self.field = field_name
         self.tokens = tokens
+        self.raw_bytes = False  # a column of raw bytes (encoded images): returned as stored
+        self.columns = tuple(columns) if columns else None
+        self._subs: dict[tuple[str, str], "IndexedReader"] = {}
         self.chunk_rows = chunk_rows
         self._indexes = LRU(256)
         self._shards = LRU(4096, max_size=max(1, cache_bytes // 8), size_of=lambda sh: sh.offsets.nbytes)
@@ -99,6 +109,29 @@ class IndexedReader:
     def check_field(self, meta: ShardMeta, path: str) -> None:
         """Refuse, from the index alone, a field that this reader does not decode itself (a format that
         would need pickle or a media codec, a missing field): called before any byte of the shard is read."""
+
+    def column_kind(self, meta: ShardMeta, name: str, path: str) -> str:
+        """``"text"``, ``"tokens"`` or ``"bytes"``: how column ``name`` is read, from its encoding in the index
+        (a column this reader does not decode itself is refused here, before any byte is read)."""
+        raise NotImplementedError
+
+    def _column(self, meta: ShardMeta, name: str, path: str) -> "IndexedReader":
+        """A reader of column ``name`` alone (sharing this reader's caches), for a source with several columns."""
+        key = (meta.index, name)
+        if key not in self._subs:
+            kind = self.column_kind(meta, name, path)
+            sub = copy.copy(self)
+            sub.field, sub.tokens, sub.raw_bytes, sub.columns, sub._subs = name, kind == "tokens", kind == "bytes", None, {}
+            sub.fresh_column()
+            self._subs[key] = sub
+        return self._subs[key]
+
+    def fresh_column(self) -> None:
+        """Reset per-field caches in a column reader made by :meth:`_column` (format hook)."""
+
+    def raw(self, buf: np.ndarray, a: np.ndarray, b: np.ndarray) -> list[bytes]:
+        """The bytes of each sample's field, as stored (an encoded image, decoded later by ``decode_images``)."""
+        return [buf[x:y].tobytes() for x, y in zip(a.tolist(), b.tolist())]
 
     # -- index entries are untrusted too -----------------------------------------------------------
     @classmethod
@@ -249,7 +282,10 @@ class IndexedReader:
 
     # -- reading (runs on workers) ---------------------------------------------------------------
     def read(self, path: str, start: int, end: int) -> RawChunk:
-        self.check_field(self.meta(path), path)  # before a byte of the shard is read
+        meta = self.meta(path)
+        fields = [self._column(meta, name, path) for name in self.columns] if self.columns else [self]
+        for reader in fields:
+            reader.check_field(meta, path)  # before a byte of the shard is read
         shard = self._shard(path)
         n = shard.meta.samples
         end = n if end < 0 else min(end, n)
@@ -270,8 +306,11 @@ class IndexedReader:
             buf = np.frombuffer(data, np.uint8)
         starts = shard.offsets[start:end] - lo
         ends = shard.offsets[start + 1:end + 1] - lo
-        out = self.decode(shard.meta, buf, starts, ends, path, start)
         cursors = np.arange(start + 1, end + 1, dtype=np.int64)
+        if self.columns:
+            return RawChunk([], cursors, end, columns={r.field: r.decode(shard.meta, buf, starts, ends, path, start)
+                                                        for r in fields})
+        out = self.decode(shard.meta, buf, starts, ends, path, start)
         if isinstance(out, TokenRows):
             return RawChunk([], cursors, end, tokens=out)
         return RawChunk(out, cursors, end)

@@ -23,6 +23,11 @@ with a suffix such as ``json:pickle``) is refused with a message naming the inde
 format. The *other* leaves of an item may have any format: their bytes are skipped by the item's size
 header and never decoded, so a dataset with an image or pickled leaf beside its text stays readable.
 
+With several ``columns`` (a caption and an image), an image leaf of format ``bytes``, ``jpeg`` or
+``image:<ext>`` (litdata stores the encoded file for those) is read as raw bytes, never decoded here:
+``decode_images`` sniffs and decodes them later. ``pil``, ``jpeg_array`` (pixel layouts of litdata's own)
+and every other format stay refused.
+
 The field is the item's key (dotted for nested dicts); an item that is a bare array (``TokensLoader``)
 is its own field. Compressed chunks (``compression="zstd"``, at every ``compression_level``: ``"batch"``
 zstd frames, the default, ``"sample"`` or ``"chunk"``) are decompressed whole with litdata's own codecs,
@@ -51,6 +56,7 @@ _TEXT_FORMATS = ("str", "text", "json")
 _RAW_IDS = ("no_header_numpy", "no_header_tensor")  # the name carries the dtype: 'no_header_numpy:2'
 _TOKEN_FORMATS = (*_RAW_IDS, "numpy", "tensor", "json")
 _PLAIN = ("int", "float", "bool", "bytes")  # harmless, but neither text nor token ids
+_RAW_BYTES = ("bytes", "jpeg", "image")  # leaves whose stored bytes are the value (an encoded image) as is
 _MAX_DEPTH = 64  # nesting of a data_spec
 
 
@@ -157,6 +163,28 @@ class LitDataReader(IndexedReader):
         return compression._COMPRESSORS[name].decompress(raw)
 
     # -- the item layout, from the index alone -------------------------------------------------------
+    def fresh_column(self) -> None:
+        self._layouts = {}
+
+    def column_kind(self, meta: ShardMeta, name: str, path: str) -> str:
+        config = meta.info
+        if config["item_loader"] == "TokensLoader":
+            raise SourceError(f"source '{self.source}': {meta.index} holds bare token arrays (TokensLoader): read them "
+                              f"with tokens_field, not columns=[...].")
+        tree, leaves = _parse_spec(config.get("data_spec"), meta.index, self.source)
+        col = _leaf(tree, name)
+        if col is None:
+            raise SourceError(f"{self._name(path)} has no field '{name}' (fields: {', '.join(_paths(tree))}). Fix "
+                              f"the source's columns.")
+        formats = config["data_format"]
+        fmt = formats[col] if col < len(formats) else ""
+        kind = fmt.partition(":")[0]
+        if kind in _RAW_BYTES and (kind == "image" or ":" not in fmt):
+            return "bytes"
+        if kind in _TOKEN_FORMATS and kind != "json":
+            return "tokens"
+        return "text" if kind in (*_TEXT_FORMATS, *_PLAIN) else "bytes"  # media, pickle...: refused as images
+
     def check_field(self, meta: ShardMeta, path: str) -> None:
         self._layout(meta, path)
 
@@ -188,6 +216,13 @@ class LitDataReader(IndexedReader):
         """Refuse a field whose format Zephon does not decode itself (this runs before any chunk is read)."""
         name, sep, code = fmt.partition(":")
         where = f"source '{self.source}': field '{self.field}' of {index} (config.data_format[{col}])"
+        if self.raw_bytes:
+            if name in _RAW_BYTES and (name == "image" or not sep):
+                return
+            raise SourceError(f"{where} has format '{fmt}', not raw bytes: image columns are read as the bytes "
+                              f"litdata stores for 'bytes', 'jpeg' and 'image' leaves (an encoded file), never "
+                              f"through litdata's deserializers ('pil', 'jpeg_array', 'pickle'...: a dataset is "
+                              f"untrusted input). Store the images as encoded bytes and re-optimize.")
         if name in _RAW_IDS and not code.isdigit():
             raise SourceError(f"{where} has format '{fmt}', which names no dtype. The index is corrupt: re-write "
                               f"the dataset.")
@@ -220,6 +255,8 @@ class LitDataReader(IndexedReader):
                               f"footer (nested JSON items), which zephon does not read. Store the text as a str "
                               f"leaf (or the ids as a numpy array) and re-optimize.")
         a, b = self.field_ranges(buf, starts, ends, [None] * leaves, col, header, path, first_row, meta.index)
+        if self.raw_bytes:
+            return self.raw(buf, a, b)  # type: ignore[return-value]
         name = fmt.split(":", 1)[0]
         if not self.tokens:
             if name in ("str", "text"):

@@ -15,6 +15,11 @@ decoded, by the code below. A field with any other encoding (``pkl``, which the 
 ``json``, ``jpeg``, ``png``, ``pil``...) is refused with a message naming the index, the field and its
 encoding; the other columns of a sample may have any encoding, since their bytes are only skipped.
 
+With several ``columns`` (a caption and an image), an image column of encoding ``bytes``, ``jpeg`` or
+``png`` (what ``MDSWriter`` stores for those is the encoded file itself) is read as raw bytes, never
+decoded here: ``decode_images`` sniffs and decodes them later. ``pil`` (the writer's own header and raw
+pixels) and ``pkl`` stay refused.
+
 The reader decodes this layout itself, with numpy and fsspec, rather than through the library's
 ``MDSReader`` (one sample per call, local files only) or by importing ``streaming``, whose package
 import pulls in torchvision, which cannot be loaded next to the CPU build of torch (see
@@ -36,6 +41,7 @@ from .tokens import byte_token_rows
 _VALUE_DTYPES = {8: "uint8", 9: "int8", 16: "uint16", 17: "int16", 18: "float16", 32: "uint32", 33: "int32",
                  34: "float32", 64: "uint64", 65: "int64", 66: "float64"}
 _SHAPE = re.compile(r"[1-9][0-9]*(,[1-9][0-9]*)*")  # a static shape: '2048' or '4,512'
+_RAW_BYTES = ("bytes", "jpeg", "png")  # encodings whose stored bytes are the value (an encoded image) as is
 
 
 class MdsReader(IndexedReader):
@@ -86,6 +92,16 @@ class MdsReader(IndexedReader):
                                   f"dataset.") from exc
         return out
 
+    def column_kind(self, meta: ShardMeta, name: str, path: str) -> str:
+        names, encodings = meta.info["names"], meta.info["encodings"]
+        if name not in names:
+            raise SourceError(f"{self._name(path)} has no field '{name}' (fields: {', '.join(names)}). Fix the "
+                              f"source's columns.")
+        enc = encodings[names.index(name)]
+        if enc in _RAW_BYTES:
+            return "bytes"
+        return "tokens" if enc.split(":")[0] == "ndarray" else "text"  # anything else: refused by check_field
+
     def check_field(self, meta: ShardMeta, path: str) -> None:
         names, encodings = meta.info["names"], meta.info["encodings"]
         if self.field not in names:
@@ -93,8 +109,13 @@ class MdsReader(IndexedReader):
         enc = encodings[names.index(self.field)]
         where = f"source '{self.source}': field '{self.field}' of MDS shard {path} has encoding '{enc}' " \
                 f"(column_encodings in {meta.index})"
-        never = "; zephon decodes only 'str' (text) and 'ndarray' (token ids) columns itself, never 'pkl', " \
-                "'json' or image columns (a dataset is untrusted input)"
+        never = "; zephon decodes only 'str' (text) and 'ndarray' (token ids) columns itself, and reads 'bytes', " \
+                "'jpeg' and 'png' columns as raw bytes (images, with columns=[...]), never 'pkl', 'json' or 'pil' " \
+                "columns (a dataset is untrusted input)"
+        if self.raw_bytes:
+            if enc not in _RAW_BYTES:
+                raise SourceError(f"{where}, not raw bytes{never}.")
+            return
         if not self.tokens:
             if enc != "str":
                 raise SourceError(f"{where}, not 'str'{never}. Point text_field at a text column (or use "
@@ -116,6 +137,8 @@ class MdsReader(IndexedReader):
         names, encodings, sizes = meta.info["names"], meta.info["encodings"], meta.info["sizes"]
         col = names.index(self.field)
         a, b = self.field_ranges(buf, starts, ends, sizes, col, True, path, first_row, meta.index)
+        if self.raw_bytes:
+            return self.raw(buf, a, b)  # type: ignore[return-value]
         if not self.tokens:
             return self.texts(buf, a, b, path, first_row)
         return self._token_rows(encodings[col], buf, a, b, path, first_row, meta.index)

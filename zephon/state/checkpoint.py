@@ -22,6 +22,8 @@ keyed): every field is range-checked besides (:mod:`zephon.state.lane`).
 
 from __future__ import annotations
 
+import base64
+import functools
 import hashlib
 import json
 import os
@@ -45,11 +47,26 @@ def state_digest(state: Mapping[str, Any]) -> str:
     return _sha({k: state.get(k) for k in _HEADER})
 
 
-def lane_digest(state: Mapping[str, Any], lane: str, lane_state: Mapping[str, Any]) -> str:
-    """The integrity digest of one lane's state within a state (see the module docstring)."""
+def _lane_bits(state: Mapping[str, Any], lane: str, lane_state: Any) -> bytes:
     body = {k: v for k, v in lane_state.items() if k != "digest"} if isinstance(lane_state, Mapping) else lane_state
-    # 128 bits per lane: integrity against accidents, and a checkpoint stays small (hundreds of lanes)
-    return _sha({"fingerprint": state.get("fingerprint"), "step": state.get("step"), "lane": lane, "state": body})[:32]
+    body = {"fingerprint": state.get("fingerprint"), "step": state.get("step"), "lane": lane, "state": body}
+    return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).digest()[:16]
+
+
+def lane_digest(state: Mapping[str, Any], lane: str, lane_state: Mapping[str, Any]) -> str:
+    """The integrity digest of one lane's state within a state (see the module docstring).
+
+    128 bits per lane (integrity against accidents, and a checkpoint stays small: hundreds of lanes), written
+    as 22 base64url characters rather than 32 hex digits: 10 bytes less per lane, the same bits. States
+    written with the hex spelling (before issue 19) still pass :func:`check_container`."""
+    return base64.urlsafe_b64encode(_lane_bits(state, lane, lane_state)).rstrip(b"=").decode()
+
+
+def _lane_digest_ok(state: Mapping[str, Any], lane: str, lane_state: Any) -> bool:
+    if not isinstance(lane_state, Mapping) or not isinstance(lane_state.get("digest"), str):
+        return False
+    bits = _lane_bits(state, lane, lane_state)
+    return lane_state["digest"] in (base64.urlsafe_b64encode(bits).rstrip(b"=").decode(), bits.hex())
 
 
 def seal(state: dict[str, Any]) -> dict[str, Any]:
@@ -89,7 +106,7 @@ def check_container(state: Any, what: str = "the state") -> None:
     if state.get("digest") != state_digest(state):
         raise StateError(f"{what} fails its integrity check (header digest mismatch): {restore}")
     for key, lane_state in lanes.items():
-        if not isinstance(lane_state, Mapping) or lane_state.get("digest") != lane_digest(state, key, lane_state):
+        if not _lane_digest_ok(state, key, lane_state):
             raise StateError(f"{what}: lane {key} fails its integrity check (digest mismatch): {restore}")
 
 
@@ -157,11 +174,23 @@ def merge_states(states: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     return merged  # every part was checked and has the same header: their digests hold as they are
 
 
+def state_json(state: Mapping[str, Any]) -> str:
+    """A state as compact JSON with one lane per line: 64 lanes of two sources in about 15 KB (indented JSON
+    took half as much again), and a diff of two checkpoints shows the lanes that moved."""
+    compact = functools.partial(json.dumps, separators=(",", ":"))
+    lanes = state.get("lanes") if isinstance(state, Mapping) else None
+    if not isinstance(lanes, Mapping) or not all(isinstance(k, str) for k in [*state, *lanes]):
+        return compact(state) + "\n"
+    parts = [compact(k) + ":" + ("{\n" + ",\n".join(compact(lane) + ":" + compact(v) for lane, v in lanes.items())
+                                  + "\n}" if k == "lanes" else compact(v)) for k, v in state.items()]
+    return "{" + ",\n".join(parts) + "}\n"
+
+
 def save_state(state: Mapping[str, Any], path: str | Path) -> None:
     """Write a state as JSON atomically and durably: a crash leaves the old file or the new one, whole."""
     p = Path(path)
     tmp = p.with_suffix(p.suffix + ".tmp")
-    data = json.dumps(state, indent=1).encode()
+    data = state_json(state).encode()
     with open(tmp, "wb") as f:
         f.write(data)
         f.flush()

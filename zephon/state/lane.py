@@ -11,7 +11,10 @@
 - ``carry``: tokens after that sentinel that went into the row before it (the packer's top-up);
 - ``clock``: ``[C_j, T_j, C_{j-1}, T_{j-1}]``, the lane's step clock at that sentinel and the one before
   (rows the lane had received, tokens its merge had taken: :mod:`zephon.engine.clock`), so that a
-  rebuilt lane assigns its mixing decisions to the same steps.
+  rebuilt lane assigns its mixing decisions to the same steps;
+- ``replay`` (optional): per source, the chunks the lane had taken since that sentinel: how many chunk
+  tasks a resume puts in flight at once to replay the segment. A hint for speed only: any value
+  (capped) gives the same rows.
 
 A state is untrusted input: :func:`parse_lane_state` checks every field's type and range, and each
 position against the work plan (the unit exists for this lane; the cursor lies inside it). What can only
@@ -26,6 +29,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 MAX_INT = 2 ** 53  # integers in a state stay exact in any JSON reader
+MAX_REPLAY_HINT = 2 ** 20  # chunks since a sentinel: far above any cadence (the lane caps what it submits)
 
 
 class StateError(ValueError):
@@ -41,10 +45,14 @@ class LaneState:
     rows_since_flush: int
     carry: int = 0
     clock: tuple[int, int, int, int] = (0, 0, 0, 0)
+    replay: tuple[int, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
-        return {"sentinels": self.sentinels, "positions": {k: list(v) for k, v in self.positions.items()},
-                "rows_since_flush": self.rows_since_flush, "carry": self.carry, "clock": list(self.clock)}
+        d = {"sentinels": self.sentinels, "positions": {k: list(v) for k, v in self.positions.items()},
+             "rows_since_flush": self.rows_since_flush, "carry": self.carry, "clock": list(self.clock)}
+        if self.replay:
+            d["replay"] = list(self.replay)
+        return d
 
     @staticmethod
     def initial(names: Sequence[str]) -> "LaneState":
@@ -69,7 +77,7 @@ def parse_lane_state(d: Any, lane: int, names: Sequence[str], max_carry: int, pl
     if not isinstance(d, Mapping):
         raise StateError(f"{where}: a lane state must be an object {{sentinels, positions, rows_since_flush, carry}}, "
                          f"got {type(d).__name__}")
-    unknown = set(d) - _KEYS - {"digest"}
+    unknown = set(d) - _KEYS - {"digest", "replay"}
     missing = _KEYS - set(d)
     if unknown or missing:
         raise StateError(f"{where}: the lane state has " + "; ".join(
@@ -104,7 +112,11 @@ def parse_lane_state(d: Any, lane: int, names: Sequence[str], max_carry: int, pl
     c_j, t_j, c_prev, t_prev = (_int(v, f"{where}: clock[{i}]", 0) for i, v in enumerate(clock))
     if c_prev > c_j or t_prev > t_j or (sentinels == 0 and (c_j, t_j, c_prev, t_prev) != (0, 0, 0, 0)):
         raise StateError(f"{where}: clock {list(clock)} goes backwards (or is not zero before the first sentinel)")
-    return LaneState(sentinels, parsed, rows, carry, (c_j, t_j, c_prev, t_prev))
+    replay = d.get("replay", [])
+    if not isinstance(replay, (list, tuple)) or len(replay) not in (0, len(names)):
+        raise StateError(f"{where}: replay must be a list of one chunk count per source, got {replay!r:.60}")
+    counts = tuple(_int(v, f"{where}: replay[{i}]", 0, MAX_REPLAY_HINT) for i, v in enumerate(replay))
+    return LaneState(sentinels, parsed, rows, carry, (c_j, t_j, c_prev, t_prev), counts)
 
 
 def _check_cursor(source: Any, lane: int, unit_seq: int, cursor: int, at: str) -> None:

@@ -13,7 +13,7 @@ Importing this package does not import Megatron (so the launcher can put a Megat
 on ``sys.path`` first).
 """
 
-from .batches import MegatronBatches, row_cu_seqlens
+from .batches import EvaluationBatches, MegatronBatches, row_cu_seqlens
 from .checkpoint import data_state_dir, find_data_state, iteration_dir, read_data_state, write_data_state
 from .layout import Layout, ZephonMegatronError, check_fit, layout_from_megatron
 from .provider import (
@@ -31,7 +31,7 @@ from .provider import (
 )
 
 __all__ = [
-    "Layout", "MegatronBatches", "ZephonMegatronError", "active_iterators", "add_zephon_args",
+    "EvaluationBatches", "Layout", "MegatronBatches", "ZephonMegatronError", "active_iterators", "add_zephon_args",
     "build_data_iterators", "check_fit", "data_state_dir", "find_data_state", "install_checkpoint_hook",
     "iteration_dir", "layout_from_megatron", "make_datasets_provider", "megatron_args_defaults",
     "read_data_state", "reset", "row_cu_seqlens", "save_data_state", "set_mixture",

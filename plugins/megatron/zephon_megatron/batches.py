@@ -140,6 +140,52 @@ class MegatronBatches:
         self.loader.close()
 
 
+class EvaluationBatches(MegatronBatches):
+    """The validation iterator of a recipe whose sources stop (``passes = 1``, ``partial_batch = "pad"``):
+    every evaluation reads the whole validation set exactly once, from its beginning.
+
+    Megatron's ``evaluate()`` runs ``--eval-iters`` iterations of ``num_microbatches`` micro-batches each
+    and keeps no other account of the validation data. One pass of the recipe is ``steps_per_pass``
+    Zephon steps (the last one padded: rows with ``loss_mask`` 0, which Megatron's loss leaves out), so
+    with ``--eval-iters`` = ``steps_per_pass`` (what ``--full-validation`` sets, from ``len()``) an
+    evaluation is exactly one pass; after the pass's last micro-batch the loader restarts at the
+    recipe's beginning for the next evaluation. The position is therefore always "at the start of an
+    evaluation" between iterations: there is no state to checkpoint, and a resumed run evaluates the
+    same set in the same batches.
+    """
+
+    def __init__(self, loader: Any, micro_batch_size: int, num_microbatches: int, *, steps_per_pass: int,
+                 start_state: dict[str, Any], **kw: Any) -> None:
+        super().__init__(loader, micro_batch_size, num_microbatches, **kw)
+        self.steps_per_pass = int(steps_per_pass)
+        self.start_state = start_state  # the loader's state at the recipe's beginning
+        self.evaluations = 0  # passes begun
+        self._served = 0  # steps of the current pass handed out (counting a step at its first micro-batch)
+
+    def __len__(self) -> int:
+        """Iterations of one evaluation: Megatron's ``--full-validation`` sets ``--eval-iters`` from it."""
+        return self.steps_per_pass
+
+    def __next__(self) -> dict[str, torch.Tensor]:
+        if self._micro == 0:
+            if self._served == self.steps_per_pass:  # the previous evaluation read the whole set
+                self.loader.load_state_dict(self.start_state)  # back to the recipe's beginning
+                self._served = 0
+            if self._served == 0:
+                self.evaluations += 1
+            self._served += 1
+            try:
+                return super().__next__()
+            except StopIteration:
+                raise RuntimeError(f"the validation data ended after {self._served - 1} steps, but a pass was "
+                                   f"counted at {self.steps_per_pass} when the run started.") from None
+        return super().__next__()
+
+    def state_dict(self) -> dict[str, Any]:
+        raise RuntimeError("this validation iterator restarts at every evaluation: it has no position to save "
+                           "(zephon_megatron.save_data_state writes none for it).")
+
+
 def row_cu_seqlens(segment_ids: torch.Tensor) -> torch.Tensor:
     """Boundaries ``[0, e1, e2, ..., S]`` (int32) of the runs of equal ``segment_ids`` in one row."""
     S = int(segment_ids.shape[0])

@@ -17,7 +17,7 @@ from typing import Any
 
 import zephon
 
-from .batches import MegatronBatches
+from .batches import EvaluationBatches, MegatronBatches
 from .checkpoint import data_state_dir, find_data_state, read_data_state, read_header, write_data_state
 from .layout import Layout, ZephonMegatronError, check_fit, layout_from_megatron
 
@@ -38,7 +38,10 @@ def add_zephon_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                         "--global-batch-size (lanes * batch_per_lane); the data-parallel size must divide lanes.")
     g.add_argument("--zephon-valid-recipe", type=str, default=None,
                    help="Zephon recipe of the validation data (same seq_len and lanes*batch_per_lane as the "
-                        "training recipe). Without it, pass --eval-iters 0.")
+                        "training recipe). With passes = 1 on its sources and partial_batch = \"pad\", every "
+                        "evaluation reads it whole, exactly once: --eval-iters must be its number of global "
+                        "batches (the run says it, and refuses another), or pass --full-validation. Without "
+                        "it, pass --eval-iters 0.")
     g.add_argument("--zephon-num-workers", type=int, default=2,
                    help="Zephon read/tokenize workers per data-reading rank (speed only, never the batches).")
     g.add_argument("--zephon-runner", choices=("thread", "pool", "process"), default="thread",
@@ -120,32 +123,137 @@ def _resume(split: str, loader: Any, args: Any, layout: Layout) -> tuple[int, in
     return resume_step, resume_iteration
 
 
+def _data_parallel_group() -> Any:
+    """The process group of this rank's data-parallel peers (all of them read data, in step), over which
+    the loaders of a recipe whose sources stop agree on its end: Megatron's Gloo data-parallel group (a
+    CPU flag, no device sync), else its data-parallel group; None without Megatron's parallel state."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return None
+    try:
+        from megatron.core import parallel_state as mpu
+    except ImportError:  # a process group without Megatron: its default group
+        return None
+    if not mpu.model_parallel_is_initialized():
+        return None
+    try:
+        return mpu.get_data_parallel_group_gloo()
+    except (AssertionError, AttributeError, RuntimeError):  # --disable-gloo-process-groups
+        return mpu.get_data_parallel_group()
+
+
+def _new_loader(recipe: Any, args: Any, layout: Layout) -> Any:
+    return zephon.build_loader(recipe, rank=layout.dp_rank, world_size=layout.dp_size,
+                               num_workers=int(getattr(args, "zephon_num_workers", 2)),
+                               runner=getattr(args, "zephon_runner", "thread"),
+                               prefetch=getattr(args, "zephon_prefetch", None), group=_data_parallel_group())
+
+
+def _batch_options(args: Any) -> dict[str, Any]:
+    mask = bool(getattr(args, "create_attention_mask_in_dataloader", False))
+    return {"reset_position_ids": bool(getattr(args, "reset_position_ids", False)), "attention_mask": mask,
+            "document_mask": mask and bool(getattr(args, "reset_attention_mask", False)),
+            "cu_seqlens": bool(getattr(args, "zephon_cu_seqlens", False))}
+
+
 def _build_split(split: str, recipe: Any, args: Any, layout: Layout) -> MegatronBatches:
-    loader = zephon.build_loader(recipe, rank=layout.dp_rank, world_size=layout.dp_size,
-                                 num_workers=int(getattr(args, "zephon_num_workers", 2)),
-                                 runner=getattr(args, "zephon_runner", "thread"),
-                                 prefetch=getattr(args, "zephon_prefetch", None))
+    loader = _new_loader(recipe, args, layout)
     try:
         resume_step, resume_iteration = _resume(split, loader, args, layout)
     except BaseException:
         loader.close()
         raise
-    mask = bool(getattr(args, "create_attention_mask_in_dataloader", False))
     return MegatronBatches(
-        loader, layout.micro_batch_size, layout.num_microbatches, pad_id=loader.pad_id,
-        reset_position_ids=bool(getattr(args, "reset_position_ids", False)),
-        attention_mask=mask, document_mask=mask and bool(getattr(args, "reset_attention_mask", False)),
-        cu_seqlens=bool(getattr(args, "zephon_cu_seqlens", False)), split=split,
-        resume_step=resume_step, resume_iteration=resume_iteration)
+        loader, layout.micro_batch_size, layout.num_microbatches, pad_id=loader.pad_id, split=split,
+        resume_step=resume_step, resume_iteration=resume_iteration, **_batch_options(args))
+
+
+def _reads_whole(recipe: Any, option: str) -> bool:
+    """Whether every evaluation reads the validation recipe whole: True when its sources stop (``passes``),
+    False when they repeat (one continuing stream across evaluations). A mixture of both never ends, and
+    ``partial_batch = "drop"`` would leave the set's last rows out of every evaluation: both are refused."""
+    from zephon.loader import as_pipeline
+
+    pipe = as_pipeline(recipe)
+    passes = {s.name: s.passes for s in pipe.sources}
+    repeating = sorted(name for name, p in passes.items() if p is None)
+    if len(repeating) == len(passes):
+        return False
+    if repeating:
+        raise ZephonMegatronError(
+            f"{option}: the sources {repeating} repeat while {sorted(set(passes) - set(repeating))} stop, so the "
+            f"validation data never ends and an evaluation cannot cover it once. Give every [[sources]] of the "
+            f"validation recipe `passes = 1`.")
+    batch = next((s for s in pipe.steps if s.kind == "batch"), None)
+    if batch is not None and batch.partial != "pad":
+        raise ZephonMegatronError(
+            f"{option}: partial_batch = \"{batch.partial}\" drops the validation set's last, partial global "
+            f"batch from every evaluation. Set partial_batch = \"pad\" (padded rows have loss_mask 0, so "
+            f"Megatron's loss leaves them out).")
+    return True
+
+
+def _build_evaluation(recipe: Any, args: Any, layout: Layout) -> EvaluationBatches:
+    """The validation iterator of a recipe whose sources stop: one pass is counted now (every data-parallel
+    rank reads its lanes once; the ranks agree on the end), then every evaluation reads it whole."""
+    loader = _new_loader(recipe, args, layout)
+    try:
+        start = loader.state_dict()
+        steps = sum(1 for _ in loader)  # one pass, to its agreed end
+        loader.load_state_dict(start)  # back to the recipe's beginning for the first evaluation
+    except BaseException:
+        loader.close()
+        raise
+    full = bool(getattr(args, "full_validation", False))
+    eval_iters = getattr(args, "eval_iters", 0) or 0
+    G = layout.dp_size * layout.micro_batch_size * layout.num_microbatches
+    if steps == 0 or (not full and eval_iters != steps):
+        loader.close()
+        if steps == 0:
+            raise ZephonMegatronError(f"--zephon-valid-recipe {args.zephon_valid_recipe}: the validation data "
+                                      f"gives no global batch at all (are its files empty?).")
+        raise ZephonMegatronError(
+            f"--eval-iters {eval_iters} does not fit --zephon-valid-recipe {args.zephon_valid_recipe}: its "
+            f"sources stop, and one pass over them is {steps} iterations of {G} rows (the last one padded). "
+            f"Every evaluation reads the validation set exactly once, so set --eval-iters {steps}, or pass "
+            f"--full-validation (Megatron then takes the count from the data).")
+    _rank0_print(layout, f"valid: one pass over {args.zephon_valid_recipe} is {steps} iterations of {G} rows; "
+                         f"every evaluation reads it whole, from its beginning")
+    if _resume_folder(args, "valid") is not None:
+        _rank0_print(layout, "valid: the validation data state saved with the checkpoint is not used (the data "
+                             "restarts at every evaluation)")
+    return EvaluationBatches(loader, layout.micro_batch_size, layout.num_microbatches, pad_id=loader.pad_id,
+                             split="valid", steps_per_pass=steps, start_state=start, **_batch_options(args))
+
+
+class _NoValidationData:
+    """What a rank that reads no data gets for validation under ``--full-validation``: Megatron-LM takes
+    ``len()`` of the validation loader on every rank (``None`` has none) and then broadcasts rank 0's
+    count; these ranks never draw from it (the batch reaches them by broadcast, or not at all)."""
+
+    def __len__(self) -> int:
+        return 0
+
+    def __iter__(self) -> "_NoValidationData":
+        return self
+
+    def __next__(self) -> Any:
+        raise RuntimeError("zephon_megatron: this rank reads no data (tensor-parallel rank > 0 or a middle "
+                           "pipeline stage), yet something asked it for a validation batch.")
 
 
 def build_data_iterators(args: Any, layout: Layout | None = None, vp_stage: int | None = None
-                         ) -> tuple[MegatronBatches | None, MegatronBatches | None, None]:
+                         ) -> tuple[MegatronBatches | None, Any, None]:
     """``(train, valid, test)`` iterators for this rank (``None`` where Megatron reads no data).
 
     ``args``: Megatron's argument namespace (``get_args()``). ``layout``: defaults to
     :func:`layout_from_megatron` (``megatron.core.parallel_state`` and the micro-batch calculator).
     The configuration checks run on every rank, so a misfit fails everywhere with the same message.
+
+    ``valid`` is an :class:`EvaluationBatches` when the validation recipe's sources stop (every
+    evaluation reads the set whole; its pass is counted here, and ``--eval-iters`` must equal it unless
+    ``--full-validation``), else a :class:`MegatronBatches` continuing across evaluations.
     """
     global _ARGS
     if not getattr(args, "zephon_recipe", None):
@@ -161,13 +269,22 @@ def build_data_iterators(args: Any, layout: Layout | None = None, vp_stage: int 
               global_batch_size=getattr(args, "global_batch_size", None),
               rampup_batch_size=getattr(args, "rampup_batch_size", None))
     valid_recipe = None
+    reads_whole = False
     eval_iters = getattr(args, "eval_iters", 0) or 0
+    full_validation = bool(getattr(args, "full_validation", False))
     if getattr(args, "zephon_valid_recipe", None):
         valid_recipe = zephon.load_pipeline(args.zephon_valid_recipe)
         check_fit(valid_recipe, layout, seq_length=getattr(args, "seq_length", None),
                   global_batch_size=getattr(args, "global_batch_size", None), option="--zephon-valid-recipe")
-    elif not isinstance(eval_iters, int) or eval_iters > 0:
-        raise ZephonMegatronError(f"--eval-iters {eval_iters} needs validation data: pass --zephon-valid-recipe, or "
+        reads_whole = _reads_whole(valid_recipe, f"--zephon-valid-recipe {args.zephon_valid_recipe}")
+        if full_validation and not reads_whole:
+            raise ZephonMegatronError(
+                f"--full-validation reads the whole validation set at every evaluation, but the sources of "
+                f"--zephon-valid-recipe {args.zephon_valid_recipe} repeat for ever. Give each of its [[sources]] "
+                f"`passes = 1` (and the recipe partial_batch = \"pad\"), or drop --full-validation.")
+    elif full_validation or not isinstance(eval_iters, int) or eval_iters > 0:
+        what = "--full-validation" if full_validation else f"--eval-iters {eval_iters}"
+        raise ZephonMegatronError(f"{what} needs validation data: pass --zephon-valid-recipe, or "
                                   f"--eval-iters 0 to train without evaluation.")
     if getattr(args, "zephon_cu_seqlens", False) and layout.micro_batch_size != 1:
         raise ZephonMegatronError(f"--zephon-cu-seqlens needs --micro-batch-size 1 (Megatron's packed-sequence "
@@ -180,13 +297,19 @@ def build_data_iterators(args: Any, layout: Layout | None = None, vp_stage: int 
                                   "batch: drop --no-create-attention-mask-in-dataloader (dense [mbs,1,S,S] mask) or "
                                   "pass --zephon-cu-seqlens (boundaries for packed-sequence attention).")
     _ARGS = args
+    evaluates = reads_whole and (full_validation or eval_iters != 0)
     if not layout.consumes_data:
-        return None, None, None
+        return None, (_NoValidationData() if reads_whole and full_validation else None), None
     train = _build_split("train", recipe, args, layout)
     _register("train", train, layout)
-    valid = None
-    if valid_recipe is not None:
-        valid = _build_split("valid", valid_recipe, args, layout)
+    valid: MegatronBatches | None = None
+    if valid_recipe is not None and (evaluates or not reads_whole):
+        try:
+            valid = (_build_evaluation(valid_recipe, args, layout) if reads_whole
+                     else _build_split("valid", valid_recipe, args, layout))
+        except BaseException:
+            reset()
+            raise
         _register("valid", valid, layout)
     _rank0_print(layout, f"data-parallel rank {layout.dp_rank} of {layout.dp_size} reads lanes "
                          f"{train.loader.lanes.start}..{train.loader.lanes.stop - 1} of {recipe.lanes}: "
@@ -274,6 +397,8 @@ def save_data_state(iteration: int, root: str | os.PathLike | None = None, args:
         return []
     written = []
     for split, (it, layout) in _ACTIVE.items():
+        if isinstance(it, EvaluationBatches):  # restarts at every evaluation: no position to keep
+            continue
         written += write_data_state(it, layout, iteration, root, check_iteration=(split == "train"))
     return written
 

@@ -61,20 +61,28 @@ from torchtitan.models.common.attention import ScaledDotProductAttention  # noqa
 _llama3.get_attention_config = lambda backend, **kwargs: ScaledDotProductAttention.Config()
 
 # 4. Exact losses for the tests (the console prints 5 decimals): ZEPHON_TT_LOSS_LOG=path appends
-#    {"step", "loss"} per logged step from rank 0.
+#    {"step", "loss"} per logged step, and {"step", "validation_loss"} per evaluation, from rank 0.
 _loss_log = os.environ.get("ZEPHON_TT_LOSS_LOG")
 if _loss_log:
     from torchtitan.components.metrics import MetricsProcessor
 
-    _log = MetricsProcessor.log
-
-    def _log_with_file(self, step, global_avg_loss, *args, **kwargs):
+    def _append(record: dict) -> None:
         if not dist.is_initialized() or dist.get_rank() == 0:
             with open(_loss_log, "a", encoding="utf-8") as f:
-                f.write(json.dumps({"step": int(step), "loss": float(global_avg_loss)}) + "\n")
+                f.write(json.dumps(record) + "\n")
+
+    _log, _log_validation = MetricsProcessor.log, MetricsProcessor.log_validation
+
+    def _log_with_file(self, step, global_avg_loss, *args, **kwargs):
+        _append({"step": int(step), "loss": float(global_avg_loss)})
         return _log(self, step, global_avg_loss, *args, **kwargs)
 
+    def _log_validation_with_file(self, loss, step, *args, **kwargs):
+        _append({"step": int(step), "validation_loss": float(loss)})
+        return _log_validation(self, loss, step, *args, **kwargs)
+
     MetricsProcessor.log = _log_with_file
+    MetricsProcessor.log_validation = _log_validation_with_file
 
 
 if __name__ == "__main__":

@@ -100,6 +100,35 @@ def resolve_recipe(path: str, hf_assets_path: str | None = None, *, seed: int | 
     return recipe.replace(**changes) if changes else recipe
 
 
+def end_policy(recipe: Any) -> tuple[bool, str]:
+    """``(ends, partial)`` of a recipe (or builder pipeline): whether it ends (every source stops after its
+    ``passes``; a source that repeats keeps the data going for ever), and what happens to the last, partial
+    global batch (``"pad"`` or ``"drop"``)."""
+    from zephon.loader import as_pipeline
+
+    pipe = as_pipeline(recipe)
+    batch = next((s for s in pipe.steps if s.kind == "batch"), None)
+    ends = bool(pipe.sources) and all(s.passes is not None for s in pipe.sources)
+    return ends, getattr(batch, "partial", "drop")
+
+
+def check_reads_once(recipe: Any, where: str) -> None:
+    """Refuse a validation recipe that cannot be read exactly once (``--validator.steps -1``)."""
+    ends, partial = end_policy(recipe)
+    if not ends:
+        raise ValueError(
+            f"{where}: --validator.steps -1 reads the validation set to its end, but the recipe "
+            f"{getattr(recipe, 'origin', recipe)} repeats for ever. Give every [[sources]] of the validation "
+            f"recipe `passes = 1` and the recipe `partial_batch = \"pad\"` (as "
+            f"recipes/torchtitan/llama3_debug_valid.toml), or set --validator.steps N (or "
+            f"--validator.dataloader.max_steps N).")
+    if partial != "pad":
+        raise ValueError(
+            f"{where}: the validation recipe {getattr(recipe, 'origin', recipe)} has partial_batch = "
+            f"\"{partial}\", which leaves the set's last, partial global batch out of every evaluation. Set "
+            f"partial_batch = \"pad\" (padded rows have labels -100: the loss leaves them out).")
+
+
 def check_fit(recipe: Recipe, dp_degree: int, seq_len: int, local_batch_size: int) -> int:
     """Refuse a trainer setting that does not fit the recipe; return the micro-batches per step."""
     L, b = recipe.lanes, recipe.batch_per_lane
@@ -206,8 +235,10 @@ class ZephonDataLoader(BaseDataLoader):
         """Chunks per source ahead (thread, pool) or steps ahead (process); default Zephon's."""
 
         infinite: bool = True
-        """Zephon sources repeat (in new orders) forever. False (the validator sets it when
-        validator.steps is -1) stops after ``max_steps`` global batches, which must then be set."""
+        """The loader follows the recipe: sources without ``passes`` repeat (in new orders) for ever; with
+        ``passes = N`` on every source it ends after N passes, at the same step on every rank. False (the
+        validator sets it when ``validator.steps`` is -1: read the set to its end) needs such a recipe
+        (e.g. ``recipes/torchtitan/llama3_debug_valid.toml``), or ``max_steps``."""
 
         max_steps: int = 0
         """Stop after this many global batches (0: never)."""
@@ -228,10 +259,12 @@ class ZephonDataLoader(BaseDataLoader):
         self.recipe = config.load_recipe(trainer_tokenizer_dir(tokenizer))
         self.micro_batches = check_fit(self.recipe, dp_world_size, seq_len, local_batch_size)
         self.local_batch_size = local_batch_size
-        if not config.infinite and config.max_steps <= 0:
-            raise ValueError("ZephonDataLoader: infinite=False needs max_steps > 0 (a Zephon recipe is an "
-                             "endless stream). Set --validator.steps N (or --validator.dataloader.max_steps N).")
+        if not config.infinite and config.max_steps <= 0:  # the validator's --validator.steps -1
+            check_reads_once(self.recipe, "ZephonDataLoader(infinite=False)")
         self.max_steps = config.max_steps if config.max_steps > 0 else None
+        # A recipe that ends: the ranks agree on its last step with one all-reduce per step over the default
+        # process group (every Torchtitan rank iterates its dataloader in step, tensor/pipeline/context
+        # peers with the same rows), so every rank stops at the same validator step.
         self._loader = zephon.build_loader(self.recipe, rank=dp_rank, world_size=dp_world_size,
                                            num_workers=config.num_workers, runner=config.runner,
                                            prefetch=config.prefetch, max_steps=self.max_steps)
@@ -267,7 +300,7 @@ class ZephonDataLoader(BaseDataLoader):
             if not self._pending:
                 try:
                     self._fetch()
-                except StopIteration:  # max_steps reached
+                except StopIteration:  # max_steps reached, or the recipe's data ended (on every rank)
                     return
             micro = self.micro_batches - len(self._pending)
             inputs, labels = self._pending.popleft()

@@ -7,7 +7,9 @@ settings that a recipe fixes, so that the same command line works at every data-
 - ``training.global_batch_size`` -1 → the recipe's global batch (``lanes * batch_per_lane``);
 - ``training.local_batch_size`` 0 → this rank's share, ``lanes / dp * batch_per_lane`` (no gradient
   accumulation); any divisor of it also works (the loader then yields micro-batches);
-- an empty ``validator.dataloader.recipe`` → ``dataloader.recipe``;
+- an empty ``validator.dataloader.recipe`` → ``dataloader.recipe``; with ``validator.enable`` the
+  validation recipe is checked now (its fit, and with ``validator.steps`` -1 that it ends and pads), not
+  at the first evaluation;
 - with ``fit_vocab_to_tokenizer`` (the default), the model's vocabulary (embedding, output layer, loss)
   is sized to the recipe tokenizer's, rounded up to a multiple of 64.
 
@@ -24,7 +26,7 @@ from typing import Any
 from torchtitan.tools.logging import logger
 from torchtitan.trainer import Trainer
 
-from .dataloader import ZephonDataLoader, check_fit
+from .dataloader import ZephonDataLoader, check_fit, check_reads_once
 
 VOCAB_MULTIPLE = 64
 
@@ -100,6 +102,13 @@ def fit_trainer_config(config: Trainer.Config, fit_vocab_to_tokenizer: bool = Tr
               config.parallelism.pipeline_parallel_microbatch_size if pp else t.local_batch_size)
     if pp:
         check_fit(recipe, dp, t.seq_len, t.local_batch_size)
+    if isinstance(val, ZephonDataLoader.Config) and getattr(config.validator, "enable", False):
+        # the validator builds its loader at every evaluation: check it now rather than at the first one
+        val_recipe = val.load_recipe(config.hf_assets_path)
+        check_fit(val_recipe, dp, t.seq_len,
+                  config.parallelism.pipeline_parallel_microbatch_size if pp else t.local_batch_size)
+        if getattr(config.validator, "steps", 0) == -1 and val.max_steps <= 0:
+            check_reads_once(val_recipe, "validator.dataloader")
     if fit_vocab_to_tokenizer:
         import zephon
 
