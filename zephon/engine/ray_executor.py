@@ -33,6 +33,7 @@ placement and retries change speed only.
 
 from __future__ import annotations
 
+import functools
 import os
 import socket
 import threading
@@ -308,14 +309,10 @@ class StageWorker:
         return os.getpid()
 
 
-_ACTOR: Any = None
-
-
-def _worker_class() -> Any:
-    global _ACTOR
-    if _ACTOR is None:
-        _ACTOR = require_ray().remote(StageWorker)
-    return _ACTOR
+@functools.lru_cache(maxsize=None)
+def remote_class(cls: type) -> Any:
+    """``ray.remote(cls)``, made once per class (Ray exports the class to the cluster on first use)."""
+    return require_ray().remote(cls)
 
 
 def payload_bytes(obj: Any) -> int:
@@ -373,7 +370,7 @@ class RayExecutor:
         # A worker whose process dies is restarted by Ray (in its bundle, with the program) and the calls it
         # had are run again: a task is pure. Restarts are unbounded (a long run may lose workers to the
         # odd OOM kill), retries of one call are not: a chunk that kills its worker every time is an error.
-        self._workers = [_worker_class().options(
+        self._workers = [remote_class(StageWorker).options(
             num_cpus=self.opts.num_cpus, max_restarts=-1, max_task_retries=self.opts.max_retries,
             scheduling_strategy=PlacementGroupSchedulingStrategy(self._pg, placement_group_bundle_index=k),
         ).remote(self._program_ref) for k in range(num_workers)]

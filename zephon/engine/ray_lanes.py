@@ -31,7 +31,7 @@ from .counters import LaneCounters
 from .executors import ThreadExecutor, check_picklable
 from .hosts import ProcessLanes
 from .lane import Lane, LaneProgram
-from .ray_executor import ClusterLink, RayOptions, connect, release, require_ray, reserve
+from .ray_executor import ClusterLink, RayOptions, connect, release, remote_class, require_ray, reserve
 
 
 class LaneActor:
@@ -68,16 +68,6 @@ class LaneActor:
         return "step", [(node.lane, next(node), node.get_state(), asdict(node.counters)) for node in self.nodes]
 
 
-_ACTOR: Any = None
-
-
-def _actor_class() -> Any:
-    global _ACTOR
-    if _ACTOR is None:
-        _ACTOR = require_ray().remote(LaneActor)
-    return _ACTOR
-
-
 class RayLanes(ProcessLanes):
     """Whole lanes on ``num_workers`` Ray actors, computing up to ``prefetch`` steps ahead."""
 
@@ -112,7 +102,7 @@ class RayLanes(ProcessLanes):
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         mine = self._mine(k)
-        actor = _actor_class().options(
+        actor = remote_class(LaneActor).options(
             num_cpus=self.opts.num_cpus, max_restarts=0, max_task_retries=0,
             scheduling_strategy=PlacementGroupSchedulingStrategy(self._pg, placement_group_bundle_index=k),
         ).remote(self._pipeline_ref, mine, {x: self._states[x] for x in mine if x in self._states},

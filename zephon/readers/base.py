@@ -269,3 +269,15 @@ def chunks_in_groups(starts: np.ndarray, unit: Unit, cursor: int, chunk_rows: in
             continue
         out += aligned_cuts(max(lo, a), min(hi, b), a, chunk_rows)
     return out
+
+
+def native_failure(exc: BaseException) -> bool:
+    """Errors of a native reader library: exceptions, and Rust panics (pyo3's PanicException is a
+    BaseException), which a corrupt file can raise and which must become a SourceError, not end the process."""
+    return isinstance(exc, Exception) or type(exc).__name__ == "PanicException"
+
+
+def first_line(exc: BaseException) -> str:
+    """The first line of a native library's error message (Rust errors carry long backtraces)."""
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__

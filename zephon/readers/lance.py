@@ -32,7 +32,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 import pyarrow as pa
 
-from .base import DEFAULT_DOC_LIMIT, LRU, DocLimit, SourceError, path_not_found
+from .base import DEFAULT_DOC_LIMIT, LRU, DocLimit, SourceError, first_line, native_failure, path_not_found
 from .columnar import ColumnarReader, combined
 
 _MARK = "#fragment="
@@ -47,16 +47,6 @@ def _lance(source: str) -> Any:
         raise SourceError(f"source '{source}': format 'lance' needs the pylance package (python -m pip install -e "
                           f"'.[lance]', run from a Zephon checkout): {exc}") from exc
     return lance
-
-
-def _failure(exc: BaseException) -> bool:
-    """Errors of the native library: exceptions, and Rust panics (pyo3's PanicException is a BaseException)."""
-    return isinstance(exc, Exception) or type(exc).__name__ == "PanicException"
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return text[0] if text else type(exc).__name__
 
 
 def fragment_path(uri: str, fragment_id: int) -> str:
@@ -174,9 +164,9 @@ class LanceReader(ColumnarReader):
             try:
                 return lance.dataset(uri, storage_options=opts)
             except BaseException as exc:
-                if not _failure(exc):
+                if not native_failure(exc):
                     raise
-                raise SourceError(f"source '{self.source}': cannot open the Lance dataset {uri} ({_first_line(exc)}). "
+                raise SourceError(f"source '{self.source}': cannot open the Lance dataset {uri} ({first_line(exc)}). "
                                   f"Check the path (a folder with _versions/), the source's storage_options (Lance's "
                                   f"option names), or re-write the dataset if it is damaged.") from exc
         return self._datasets.get((uri, threading.get_ident()), make)
@@ -213,14 +203,14 @@ class LanceReader(ColumnarReader):
         try:
             table = fragment.take(np.arange(start, end, dtype=np.int64), columns=names)
         except BaseException as exc:
-            if not _failure(exc):
+            if not native_failure(exc):
                 raise
             meta = fragment.metadata
             data_files = meta.files if isinstance(getattr(meta, "files", None), list) else meta.data_files()
             files = ", ".join(f"data/{f.path}" for f in data_files)
             uri, fid = split_fragment_path(path)
             raise SourceError(f"source '{self.source}': cannot read rows {start}..{end} of fragment {fid} of the Lance "
-                              f"dataset {uri} (data files: {files}) ({_first_line(exc)}). The dataset is corrupt or "
+                              f"dataset {uri} (data files: {files}) ({first_line(exc)}). The dataset is corrupt or "
                               f"truncated: restore or re-write it.") from exc
         if table.num_rows != end - start:
             raise SourceError(f"source '{self.source}': {self.where(path)} returned {table.num_rows} rows for rows "

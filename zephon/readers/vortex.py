@@ -24,7 +24,7 @@ import fsspec
 import numpy as np
 import pyarrow as pa
 
-from .base import LRU, RawChunk, SourceError, Unit, chunks_in_groups, units_of_groups
+from .base import LRU, RawChunk, SourceError, Unit, chunks_in_groups, first_line, native_failure, units_of_groups
 from .tokens import arrow_token_rows, is_token_list_type
 
 _TEXT_TYPES = (pa.types.is_string, pa.types.is_large_string, pa.types.is_string_view)
@@ -37,16 +37,6 @@ def _vortex(source: str) -> Any:
         raise SourceError(f"source '{source}': format 'vortex' needs the vortex-data package "
                           f"(python -m pip install -e '.[formats]', run from a Zephon checkout): {exc}") from exc
     return vortex
-
-
-def _failure(exc: BaseException) -> bool:
-    """Errors of the native library: exceptions, and Rust panics (pyo3's PanicException is a BaseException)."""
-    return isinstance(exc, Exception) or type(exc).__name__ == "PanicException"
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return text[0] if text else type(exc).__name__
 
 
 class VortexReader:
@@ -81,10 +71,10 @@ class VortexReader:
             except SourceError:
                 raise
             except BaseException as exc:
-                if not _failure(exc):
+                if not native_failure(exc):
                     raise
                 raise SourceError(f"source '{self.source}': {path} is not a readable Vortex file "
-                                  f"({_first_line(exc)}). The file is corrupt or truncated: re-write or remove "
+                                  f"({first_line(exc)}). The file is corrupt or truncated: re-write or remove "
                                   f"it.") from exc
         return self._files.get((path, threading.get_ident()), make)[0]
 
@@ -96,10 +86,10 @@ class VortexReader:
                 rows = len(f)
                 splits = sorted((int(a), int(b)) for a, b in f.splits())
             except BaseException as exc:
-                if not _failure(exc):
+                if not native_failure(exc):
                     raise
                 raise SourceError(f"source '{self.source}': cannot read the layout of Vortex file {path} "
-                                  f"({_first_line(exc)}). The file is corrupt: re-write or remove it.") from exc
+                                  f"({first_line(exc)}). The file is corrupt: re-write or remove it.") from exc
             edges = [0] + [b for _, b in splits]
             if [a for a, _ in splits] != edges[:-1] or edges[-1] != rows:
                 edges = [0, rows]  # not a partition of the rows: one split
@@ -129,10 +119,10 @@ class VortexReader:
                 arr = f.to_repeated_scan(projection=[self.field]).execute(row_range=(a, b)).read_all()
                 col = arr.to_arrow_array()
             except BaseException as exc:
-                if not _failure(exc):
+                if not native_failure(exc):
                     raise
                 raise SourceError(f"source '{self.source}': cannot read rows {a}..{b} of Vortex file {path} "
-                                  f"({_first_line(exc)}). The file is corrupt or truncated: re-write or remove "
+                                  f"({first_line(exc)}). The file is corrupt or truncated: re-write or remove "
                                   f"it.") from exc
             if isinstance(col, pa.ChunkedArray):
                 col = col.combine_chunks()
