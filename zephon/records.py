@@ -339,6 +339,17 @@ class Row:
         self.flushed = False  # closed by a flush sentinel (its padding is a sentinel cost)
         self.n_images = self.n_patches = 0  # the images its documents carry (kept by the packer, for its limits)
 
+    def add_tokens(self, ids: np.ndarray, tail: int) -> None:
+        """Append a document (or piece) that is ``input_ids`` alone, with no payload, to a row of
+        ``input_ids`` alone: :meth:`add` without its per-field work, for text pipelines' packers."""
+        n = len(ids)
+        f = self.fill
+        self.tokens[f:f + n] = ids
+        self.fill = f + n
+        self.free -= n
+        self.seg_lens.append(n)
+        self.tails.append(tail)
+
     def add(self, doc: Mapping[str, Any], a: int, b: int, tail: int, fields: Sequence[str] = (INPUT_IDS,),
             defaults: Mapping[str, Any] | None = None, fieldset: frozenset = frozenset((INPUT_IDS,))) -> None:
         """Append tokens ``[a, b)`` of a document (a piece of it, or all): every per-token field in
@@ -347,12 +358,13 @@ class Row:
         n = b - a
         f = self.fill
         self.tokens[f:f + n] = doc[INPUT_IDS][a:b]
-        for name in fields[1:]:
-            buf = self.buffers[name]
-            if name in doc:
-                buf[f:f + n] = doc[name][a:b]
-            else:
-                buf[f:f + n] = defaults[name]  # type: ignore[index]
+        if len(fields) > 1:
+            for name in fields[1:]:
+                buf = self.buffers[name]
+                if name in doc:
+                    buf[f:f + n] = doc[name][a:b]
+                else:
+                    buf[f:f + n] = defaults[name]  # type: ignore[index]
         self.fill = f + n
         self.free -= n
         self.seg_lens.append(n)

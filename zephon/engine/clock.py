@@ -41,7 +41,8 @@ class LaneClock:
         self.mixed_at: dict[int, int] = {-1: 0, 0: 0}  # T_j: tokens taken when sentinel j was emitted
         self.segment = 0  # the merge's current segment (the last sentinel it emitted)
         self.events: list[tuple[int, dict]] = events if events is not None else []  # interventions (at_step, weights)
-        self.decided = -1  # the latest step a decision was made for
+        self.decision_mixed: int | None = None  # T at the segment's latest decision (None: none yet)
+        self._decided_before = -1  # the latest step decided in the segments before this one
 
     def start(self, segment: int, rows: int, mixed: int, prev_rows: int, prev_mixed: int) -> None:
         """A lane rebuilt at sentinel ``segment``: its counts there and at the sentinel before."""
@@ -58,6 +59,27 @@ class LaneClock:
                              f"and interventions cannot allow")
         rows = self.rows_at[j] + (self.mixed - self.mixed_at[j]) / self.seq_len
         return int(rows // self.rows_per_lane)
+
+    def close_segment(self, segment: int) -> None:
+        """The merge emitted sentinel ``segment``: fold the ending segment's decisions into :attr:`decided`
+        and start counting the next one's."""
+        self._decided_before = self.decided
+        self.decision_mixed = None
+        self.mixed_at[segment] = self.mixed
+        self.segment = segment
+
+    @property
+    def decided(self) -> int:
+        """The latest step a decision was made for (-1: none). The merge only records ``T`` at each decision
+        (:attr:`decision_mixed`): within a segment the step grows with ``T``, so the segment's latest
+        decision has its latest step, computed here when asked (an intervention) rather than per document."""
+        if self.decision_mixed is None:
+            return self._decided_before
+        mixed, self.mixed = self.mixed, self.decision_mixed
+        try:
+            return max(self._decided_before, self.step())
+        finally:
+            self.mixed = mixed
 
     def forget_before(self, segment: int) -> None:
         """Drop anchors no decision can need any more."""

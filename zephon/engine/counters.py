@@ -28,10 +28,11 @@ class LaneCounters:
     window_tokens: dict = field(default_factory=dict)  # per source, in the current window
     last_window_tokens: dict = field(default_factory=dict)  # per source, in the last complete window
 
-    def count_window(self, source: str, tokens: int) -> None:
-        """Per-source tokens over windows of WINDOW_DOCS documents: the realised mixture lately."""
+    def count_window(self, source: str, tokens: int, docs: int = 1) -> None:
+        """Per-source tokens over windows of about WINDOW_DOCS documents: the realised mixture lately
+        (booked a few documents at a time, so a window ends at the first booking that reaches it)."""
         self.window_tokens[source] = self.window_tokens.get(source, 0) + tokens
-        self.window_docs += 1
+        self.window_docs += docs
         if self.window_docs >= WINDOW_DOCS:
             self.last_window_tokens, self.window_tokens, self.window_docs = self.window_tokens, {}, 0
 

@@ -13,6 +13,7 @@ and the already-delivered rows are skipped.
 
 from __future__ import annotations
 
+import array
 import hashlib
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -78,7 +79,8 @@ class Lane(BaseNode[list[Row]]):
                  depth: int, events: list | None = None) -> None:
         super().__init__()
         self.program, self.lane, self.executor_for, self.depth = program, lane, executor_for, depth
-        self.counters = LaneCounters()
+        self._counters = LaneCounters()
+        self._streams: list[SourceStream] = []
         self.events = events if events is not None else []  # mixture interventions (shared with the loader)
         self._state = LaneState.initial(program.names)
 
@@ -97,16 +99,25 @@ class Lane(BaseNode[list[Row]]):
             for k in range(p.stages.n_stages(s)):
                 node = StageBuffer(node, self.executor_for(s, k), s, k, self.depth)
             streams.append(SourceStream(s, name, node, position, policy,
-                                        EmptySourceWatch(name, p.max_empty_units[s]), self.counters))
+                                        EmptySourceWatch(name, p.max_empty_units[s]), self._counters))
         self._streams = streams
-        chain: BaseNode = MergeNode(call_factory(p.merge, ctx), streams, policy, state.sentinels, self.counters,
+        chain: BaseNode = MergeNode(call_factory(p.merge, ctx), streams, policy, state.sentinels, self._counters,
                                     clock)
         for name, factory in p.steps:
             chain = AccumulatorNode(chain, call_factory(factory, ctx), name)
         return chain
 
+    @property
+    def counters(self) -> LaneCounters:
+        """What the lane did since it was built (metrics), exact to the last document taken."""
+        for stream in self._streams:
+            stream.settle()
+        return self._counters
+
     def reset(self, initial_state: dict | None = None) -> None:
         super().reset(initial_state)
+        for stream in self._streams:  # the chain about to be replaced: its counts so far stand
+            stream.settle()
         if initial_state is None:  # torchdata's contract: reset(None) starts from the beginning
             self._state = LaneState.initial(self.program.names)
         else:
@@ -188,7 +199,7 @@ class Lane(BaseNode[list[Row]]):
     def next(self) -> list[Row]:
         self.skip_delivered()
         rows = [self._next_row() for _ in range(self.program.rows_per_lane)]
-        c = self.counters
+        c = self._counters
         for row in rows:
             c.rows += 1
             c.pad_tokens += row.free
@@ -204,10 +215,11 @@ class Lane(BaseNode[list[Row]]):
 
 
 def row_digest(row: Row) -> bytes:
-    """A short digest of a packed row (its tokens and tail labels), to compare a replay with delivery."""
-    h = hashlib.blake2b(row.tokens[:row.fill].tobytes(), digest_size=16)
-    h.update(np.asarray(row.tails, dtype=np.int64).tobytes())
-    return h.digest()
+    """A short digest of a packed row (its tokens and tail labels), to compare a replay with delivery
+    (SHA-256: hardware-accelerated where blake2b is not, and this runs once per delivered row)."""
+    h = hashlib.sha256(memoryview(row.tokens)[:row.fill])
+    h.update(array.array("q", row.tails))
+    return h.digest()[:16]
 
 
 def since_digest(row_digests: list[bytes]) -> str:

@@ -18,7 +18,7 @@ from typing import Any, Iterable, Sequence
 
 from torchdata.nodes import BaseNode
 
-from ..records import IGNORE, INPUT_IDS, Flush
+from ..records import Flush
 from .counters import LaneCounters
 from .sentinels import FlushPolicy
 from .sources import SourceStream
@@ -70,45 +70,40 @@ class MergeNode(BaseNode):
         mixed = 0
         if self.clock is not None:
             mixed = self.clock.mixed
-            self.clock.mixed_at[self._sentinels] = mixed
-            self.clock.segment = self._sentinels
+            self.clock.close_segment(self._sentinels)
         self._queue.append(Flush(self._sentinels, tuple(s.position for s in self.streams), mixed=mixed,
                                  taken=tuple(s.taken for s in self.streams)))
 
     def next(self) -> Any:
+        # Once per document: keep it lean. The streams count documents and tokens per chunk (metrics), and
+        # the clock works out the latest decided step only when asked (see LaneClock.decided).
         queue = self._queue
         clock = self.clock
+        merge, streams = self.merge, self.streams
         while not queue:
             if clock is not None:
-                step = clock.step()
-                if step > clock.decided:
-                    clock.decided = step
-            s = self.merge.next_source()
+                clock.decision_mixed = clock.mixed
+            s = merge.next_source()
             if s < 0:  # every source the mixer may choose has ended: so has this lane's data
                 raise StopIteration
-            doc, flush_due = self.streams[s].take()
+            stream = streams[s]
+            doc, flush_due = stream.take()
             if doc is None:
-                if self.streams[s].ended:  # a finite source's last document was taken: choose among the rest
-                    self.merge.source_ended(s)
+                if stream.ended:  # a finite source's last document was taken: choose among the rest
+                    merge.source_ended(s)
                     continue
                 self._sentinel()  # a unit completed empty and made a flush due: the choice is made again after it
                 continue
-            n = len(doc[INPUT_IDS]) if INPUT_IDS in doc else 0
-            c = self.counters
-            tail = doc.tail
-            if tail == IGNORE:
-                c.docs += 1
-            else:
-                c.pieces_split += 1
-            c.doc_tokens += n
             if clock is not None:
-                clock.mixed += n
-            name = self.streams[s].name
-            c.source_tokens[name] = c.source_tokens.get(name, 0) + n
-            c.count_window(name, n)
-            queue.extend(self.merge.push_from(doc, s))
+                clock.mixed += stream.last_tokens
+            out = merge.push_from(doc, s)
             if flush_due:
+                queue.extend(out)
                 self._sentinel()
+            elif len(out) == 1:  # the usual case: the document itself, straight through
+                return out[0]
+            else:
+                queue.extend(out)
         return queue.popleft()
 
 
@@ -145,11 +140,12 @@ class AccumulatorNode(BaseNode):
 
     def next(self) -> Any:
         out = self._out
+        upstream, push = self.upstream, self.acc.push
         while not out:
             if self._ended:
                 raise StopIteration
             try:
-                item = next(self.upstream)
+                item = next(upstream)
             except StopIteration:  # a finite stream: emit what is held, then end
                 self._ended = True
                 self._extend(self.acc.flush())
@@ -162,7 +158,9 @@ class AccumulatorNode(BaseNode):
                     self._extend(self.acc.flush())
                     out.append(item)
             else:
-                self._extend(self.acc.push(item))
+                items = push(item)
+                if items:
+                    out.extend(items)
         return out.popleft()
 
 

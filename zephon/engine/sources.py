@@ -17,6 +17,8 @@ from __future__ import annotations
 from collections import deque
 from typing import Any, Iterator
 
+import numpy as np
+
 from torchdata.nodes import BaseNode
 
 from ..plan import ChunkTask, SourcePlan
@@ -25,6 +27,8 @@ from ..records import IGNORE, INPUT_IDS, Chunk, Doc
 from .counters import LaneCounters
 from .executors import Executor
 from .sentinels import FlushPolicy
+
+new_doc = dict.__new__  # an empty Doc without Doc.__init__'s defaults (this runs once per document)
 
 
 class ChunkSource(BaseNode[ChunkTask]):
@@ -130,7 +134,11 @@ class EmptySourceWatch:
 
 
 class SourceStream:
-    """Documents of one source for one lane, with the reader position after each (see module docstring)."""
+    """Documents of one source for one lane, with the reader position after each (see module docstring).
+
+    Per document it does only what the merge needs (the document, its token count, the position); the
+    counters (documents, split pieces, tokens) are booked per chunk, vectorised, when the chunk ends or
+    when someone reads them (:meth:`settle`), so they stay exact to the document."""
 
     def __init__(self, index: int, name: str, chunks: BaseNode[Chunk], position: tuple[int, int, int],
                  policy: FlushPolicy, watch: EmptySourceWatch, counters: LaneCounters) -> None:
@@ -139,13 +147,15 @@ class SourceStream:
         self.policy, self.watch, self.counters = policy, watch, counters
         self._chunk: Chunk | None = None
         self._k = 0
+        self._booked = 0  # documents of the open chunk already in the counters
+        self.last_tokens = 0  # tokens of the document take() returned last
         self.ended = False  # a source that stops after some passes has given its last document
         self.taken = 0  # chunks taken so far (how many a replay from a sentinel re-reads: a resume hint)
 
     def _open(self, chunk: Chunk) -> None:
         """Per-chunk Python lists: read once per document, where numpy scalar indexing would cost more
         than the rest of the decision."""
-        self._chunk, self._k = chunk, 0
+        self._chunk, self._k, self._booked = chunk, 0, 0
         self._offs = chunk.offsets.tolist() if chunk.offsets is not None else None
         self._cursors = chunk.resume_cursor.tolist()
         self._skips = chunk.resume_skip.tolist()
@@ -153,9 +163,27 @@ class SourceStream:
         self._ids = chunk.token_fields.get(INPUT_IDS)
         self._more_tokens = [(k, v) for k, v in chunk.token_fields.items() if k != INPUT_IDS]
         self._payloads = list(chunk.columns.items())
+        self._unit_seq, self._n = chunk.unit_seq, chunk.n
+        self.watch.document()  # the chunk has documents (an empty one is finished without opening)
+
+    def settle(self) -> None:
+        """Book the documents taken from the open chunk since the last call into the counters."""
+        chunk, a, k = self._chunk, self._booked, self._k
+        if chunk is None or k == a:
+            return
+        self._booked = k
+        tokens = self._offs[k] - self._offs[a] if self._offs is not None else 0
+        pieces = int(np.count_nonzero(chunk.tails[a:k] != IGNORE)) if chunk.tails is not None else 0
+        c = self.counters
+        c.docs += k - a - pieces
+        c.pieces_split += pieces
+        c.doc_tokens += tokens
+        c.source_tokens[self.name] = c.source_tokens.get(self.name, 0) + tokens
+        c.count_window(self.name, tokens, k - a)
 
     def _finish(self, chunk: Chunk) -> bool:
         """Book the end of ``chunk``; True when that makes a flush due."""
+        self.settle()
         self._chunk = None
         self.counters.skipped_records += chunk.skipped
         self.counters.add_counts(chunk.counts, self.name)
@@ -169,36 +197,39 @@ class SourceStream:
     def take(self) -> tuple[Doc | None, bool]:
         """The next document and whether a flush is due after it (document None: due before it, when a
         unit completed without giving one; or the source has ended, :attr:`ended`)."""
-        while True:
-            chunk = self._chunk
-            if chunk is None:
-                try:
-                    chunk = next(self.chunks)
-                except StopIteration:
-                    self.ended = True
-                    return None, False
-                self.taken += 1
-                if chunk.n == 0:
-                    if chunk.unit_end:
-                        self.watch.empty_unit()
-                    if self._finish(chunk):
-                        return None, True
-                    continue
-                self._open(chunk)
-            self.watch.document()
-            k = self._k
-            self._k = k + 1
-            doc = Doc()
-            if self._offs is not None:
-                a, b = self._offs[k], self._offs[k + 1]
-                doc[INPUT_IDS] = self._ids[a:b]
-                for name, flat in self._more_tokens:
-                    doc[name] = flat[a:b]
-            for name, values in self._payloads:
-                doc[name] = values[k]
-            doc.tail = self._tails[k] if self._tails is not None else IGNORE
-            doc.source = self.index
-            if self._k == chunk.n:
-                return doc, self._finish(chunk)
-            self.position = (chunk.unit_seq, self._cursors[k], self._skips[k])
-            return doc, False
+        chunk = self._chunk
+        while chunk is None:
+            try:
+                chunk = next(self.chunks)
+            except StopIteration:
+                self.ended = True
+                return None, False
+            self.taken += 1
+            if chunk.n == 0:
+                if chunk.unit_end:
+                    self.watch.empty_unit()
+                if self._finish(chunk):
+                    return None, True
+                chunk = None
+                continue
+            self._open(chunk)
+        k = self._k
+        self._k = k + 1
+        doc = new_doc(Doc)  # fields, tail and source are set below
+        offs = self._offs
+        if offs is not None:
+            a, b = offs[k], offs[k + 1]
+            self.last_tokens = b - a
+            doc[INPUT_IDS] = self._ids[a:b]
+            for name, flat in self._more_tokens:
+                doc[name] = flat[a:b]
+        else:
+            self.last_tokens = 0
+        for name, values in self._payloads:
+            doc[name] = values[k]
+        doc.tail = self._tails[k] if self._tails is not None else IGNORE
+        doc.source = self.index
+        if k + 1 == self._n:
+            return doc, self._finish(chunk)
+        self.position = (self._unit_seq, self._cursors[k], self._skips[k])
+        return doc, False

@@ -63,7 +63,10 @@ def _text_chars(chunk: Chunk) -> int:
     total = 0
     for col in chunk.columns.values():
         if isinstance(col, list) and col and isinstance(col[0], (str, type(None))):
-            total += sum(len(t) for t in col if isinstance(t, str))
+            try:
+                total += sum(map(len, col))
+            except TypeError:  # a null among the texts
+                total += sum(len(t) for t in col if isinstance(t, str))
     return total
 
 

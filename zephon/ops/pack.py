@@ -73,7 +73,7 @@ from typing import Any, Iterable, Mapping
 
 import numpy as np
 
-from ..records import INPUT_IDS, Flush, Row, doc_tail
+from ..records import IGNORE, INPUT_IDS, Flush, Row, doc_tail
 from .base import Accumulator, LaneContext
 from .image_layout import (BIG, IMAGE_SPANS, NO_LIMITS, ImageLimits, ImageTooLarge, cut_points, patch_counts, piece,
                            safe_cut, spans_of, too_large)
@@ -106,6 +106,7 @@ class Pack(Accumulator):
         assert self._names[0] == INPUT_IDS
         self._defaults = {k: d for k, (_, d) in self.fields.items()}
         self._fieldset = frozenset(self.fields)
+        self._text_only = self._names == (INPUT_IDS,)
         self._place = {"best_fit": self._best_fit, "first_fit": self._first_fit, "wrap": self._wrap}[algorithm]
         self._bins: list[Row] = []  # in opening order
         self._out: deque = deque()
@@ -136,12 +137,15 @@ class Pack(Accumulator):
         self._out.append(row)
 
     def _evict_fullest(self) -> None:
-        j = min(range(len(self._bins)), key=lambda k: self._bins[k].free)
-        self._emit(self._bins.pop(j))
+        frees = [row.free for row in self._bins]
+        self._emit(self._bins.pop(frees.index(min(frees))))  # the first of the fullest, as min(key=) picks
 
     def _put(self, j: int, doc: Mapping[str, Any], a: int, b: int, tail: int) -> None:
         row = self._bins[j]
-        row.add(doc, a, b, tail, self._names, self._defaults, self._fieldset)
+        if self._text_only and len(doc) == 1 and row.payloads is None:  # tokens alone (once per document)
+            row.add_tokens(doc[INPUT_IDS][a:b], tail)
+        else:
+            row.add(doc, a, b, tail, self._names, self._defaults, self._fieldset)
         if row.free == 0:
             self._emit(self._bins.pop(j))
 
@@ -298,8 +302,10 @@ class Pack(Accumulator):
 
     # -- the accumulator contract ---------------------------------------------------------------------
     def push(self, doc: Mapping[str, Any]) -> Iterable[Any]:
-        tail = doc_tail(doc)
-        if self._skip:
+        tail = getattr(doc, "tail", IGNORE)
+        if not self._skip and self._held is None and IMAGE_SPANS not in doc:  # a text document, mid-segment
+            self._place(doc, 0, len(doc[INPUT_IDS]), tail)
+        elif self._skip:
             n = len(doc[INPUT_IDS])
             if n <= self._skip:
                 self._skip -= n
@@ -315,7 +321,10 @@ class Pack(Accumulator):
             self._place_images(doc)
         else:
             self._place(doc, 0, len(doc[INPUT_IDS]), tail)
-        out, self._out = self._out, deque()
+        out = self._out
+        if not out:
+            return ()
+        self._out = deque()
         return out
 
     def _skipped_piece(self, doc: Mapping[str, Any], a: int, n: int) -> Mapping[str, Any]:

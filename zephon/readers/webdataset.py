@@ -365,20 +365,26 @@ class WebDatasetReader:
     # -- reading (on workers) --------------------------------------------------------------------------
     def _wanted(self, index: ShardIndex, start: int, end: int) -> tuple[list[str], list[list[int]]]:
         """The fields of samples [start, end) and, per field, the member each sample gives it (-1: none)."""
-        exts, first = index.exts, index.first.tolist()
+        exts, first = index.exts, index.first[start:end + 1].tolist()  # this chunk's samples only
         if self.columns is None:
-            names: list[str] = list(dict.fromkeys(exts[first[start]:first[end]]))
+            names: list[str] = list(dict.fromkeys(exts[first[0]:first[-1]]))
             picks = {n: [-1] * (end - start) for n in names}
-            for k in range(start, end):
-                for m in range(first[k], first[k + 1]):
-                    picks[exts[m]][k - start] = m
+            for i in range(end - start):
+                for m in range(first[i], first[i + 1]):
+                    picks[exts[m]][i] = m
             return names, [picks[n] for n in names]
+        lo, n = first[0], end - start
+        member_exts = exts[lo:first[-1]]
+        sample_of = np.repeat(np.arange(n), np.diff(first)).tolist()  # per member of the chunk
         out = []
         for _, alts in self.columns:
-            col = []
-            for k in range(start, end):
-                found = {exts[m]: m for m in range(first[k], first[k + 1])}
-                col.append(next((found[a] for a in alts if a in found), -1))
+            rank_of = {a: r for r, a in enumerate(alts)}  # the first extension listed that the sample has wins
+            col, best = [-1] * n, [len(alts)] * n
+            for j, e in enumerate(member_exts):
+                r = rank_of.get(e)
+                if r is not None and r <= best[sample_of[j]]:  # a repeated extension: the last, as before
+                    i = sample_of[j]
+                    col[i], best[i] = lo + j, r
             out.append(col)
         return [name for name, _ in self.columns], out
 
@@ -386,13 +392,15 @@ class WebDatasetReader:
         index = self.index(path)
         end = len(index) if end < 0 else end
         names, picks = self._wanted(index, start, end)
+        lo_member = int(index.first[start])
+        sizes = index.sizes[lo_member:int(index.first[end])].tolist()  # per member of this chunk
         limit = self.doc_limit
         lengths: dict[int, int] = {}  # member -> bytes to read
         for col in picks:
             for m in col:
                 if m < 0:
                     continue
-                size = int(index.sizes[m])
+                size = sizes[m - lo_member]
                 if size > limit.max_bytes:
                     if limit.policy == "error":
                         k = int(np.searchsorted(index.first, m, side="right")) - 1
@@ -406,18 +414,20 @@ class WebDatasetReader:
         columns: dict[str, Any] = {}
         if self.columns is None:
             columns["__key__"] = index.keys[start:end]
+        exts, keys = index.exts, index.keys
         for name, col in zip(names, picks):
             if name == "__key__" and self.columns is not None:
-                columns[name] = index.keys[start:end]
+                columns[name] = keys[start:end]
                 continue
             values: list[Any] = []
             for i, m in enumerate(col):
-                if m not in data:
+                raw = data.get(m)
+                if raw is None:
                     values.append(None)
-                elif index.exts[m] in TEXT_EXTENSIONS:
-                    values.append(self._text(data[m], path, index.keys[start + i], index.exts[m]))
+                elif exts[m] in TEXT_EXTENSIONS:
+                    values.append(self._text(raw, path, keys[start + i], exts[m]))
                 else:
-                    values.append(data[m])
+                    values.append(raw)
             columns[name] = values
         cursors = np.arange(start + 1, end + 1, dtype=np.int64)
         return RawChunk([], cursors, end, columns=columns)
@@ -435,14 +445,18 @@ class WebDatasetReader:
         """The members' bytes, read in as few ranged reads as the gaps allow (usually one)."""
         order = sorted(lengths)
         out: dict[int, bytes] = {}
+        if not order:
+            return out
+        base = order[0]
+        offsets = index.offsets[base:order[-1] + 1].tolist()  # the members between the first and last wanted
         i = 0
         while i < len(order):
             j = i
-            lo = int(index.offsets[order[i]])
+            lo = offsets[order[i] - base]
             hi = lo + lengths[order[i]]
-            while j + 1 < len(order) and int(index.offsets[order[j + 1]]) - hi <= READ_GAP:
+            while j + 1 < len(order) and offsets[order[j + 1] - base] - hi <= READ_GAP:
                 j += 1
-                hi = max(hi, int(index.offsets[order[j]]) + lengths[order[j]])
+                hi = max(hi, offsets[order[j] - base] + lengths[order[j]])
             try:
                 blob = self.fs.cat_file(path, start=lo, end=hi)
             except FileNotFoundError:
@@ -452,7 +466,7 @@ class WebDatasetReader:
                 raise SourceError(f"source '{self.source}': shard {path} is shorter than its index says (read "
                                   f"{len(blob)} of bytes [{lo}, {hi})): it changed since it was indexed.")
             for m in order[i:j + 1]:
-                a = int(index.offsets[m]) - lo
+                a = offsets[m - base] - lo
                 out[m] = blob[a:a + lengths[m]]
             i = j + 1
         return out

@@ -1,0 +1,53 @@
+"""The lane's per-document bookkeeping, done lazily: what it reports must equal the eager computation.
+
+The merge no longer asks the step clock for every document, nor counts documents one by one: the clock
+works out the latest decided step when an intervention asks (:attr:`LaneClock.decided`), and the source
+streams book documents, pieces and tokens per chunk (:meth:`SourceStream.settle`). Both must give
+exactly what the per-document computation gave, at any point of a run and across sentinels.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from zephon import build_loader
+from zephon.ops.mix import Mix
+from zephon.records import IGNORE, INPUT_IDS
+
+
+@pytest.mark.parametrize("flush_every", [1, 3])
+def test_decided_step_and_counters_equal_the_per_document_computation(make_recipe, monkeypatch, flush_every):
+    eager_steps: dict[int, int] = {}  # id(clock) -> max step over its decisions, computed per decision
+    eager_counts: dict[int, dict[str, int]] = {}  # id(counters) -> docs, pieces, tokens of pushed documents
+    real_next, real_push = Mix.next_source, Mix.push_from
+
+    def next_source(self):
+        if self.clock is not None:
+            key = id(self.clock)
+            eager_steps[key] = max(eager_steps.get(key, -1), self.clock.step())
+        return real_next(self)
+
+    def push_from(self, record, source):
+        c = eager_counts.setdefault(id(self.clock), {"docs": 0, "pieces": 0, "tokens": 0})
+        c["docs" if record.tail == IGNORE else "pieces"] += 1
+        c["tokens"] += len(record[INPUT_IDS])
+        return real_push(self, record, source)
+
+    monkeypatch.setattr(Mix, "next_source", next_source)
+    monkeypatch.setattr(Mix, "push_from", push_from)
+    recipe = make_recipe(lanes=4, flush_every=flush_every, flush_by="chunks", split={"max_doc_tokens": 24})
+    loader = build_loader(recipe, rank=0, world_size=1)
+    it = iter(loader)
+    sentinels_seen = False
+    for step in range(30):
+        next(it)
+        for lane in loader._host._lanes:
+            key = id(lane.clock)
+            assert lane.decided_step == eager_steps[key], (step, lane.lane)
+            c = lane.counters
+            want = eager_counts[key]
+            assert (c.docs, c.pieces_split, c.doc_tokens) == (want["docs"], want["pieces"], want["tokens"])
+            assert sum(c.source_tokens.values()) == want["tokens"]
+            sentinels_seen |= lane.clock.segment > 1
+    assert sentinels_seen and any(v["pieces"] for v in eager_counts.values())
+    loader.close()
