@@ -124,6 +124,7 @@ class AccumulatorNode(BaseNode):
         self._out.clear()
         self._ended = False
         self.upstream.reset(None)
+        self._pull = self.upstream.next  # reset just now: BaseNode.__next__'s start-up check, once per record, is moot
 
     def prime(self, limit: int | None = None) -> None:
         self.upstream.prime(limit)
@@ -140,12 +141,12 @@ class AccumulatorNode(BaseNode):
 
     def next(self) -> Any:
         out = self._out
-        upstream, push = self.upstream, self.acc.push
+        pull, push = self._pull, self.acc.push
         while not out:
             if self._ended:
                 raise StopIteration
             try:
-                item = next(upstream)
+                item = pull()
             except StopIteration:  # a finite stream: emit what is held, then end
                 self._ended = True
                 self._extend(self.acc.flush())

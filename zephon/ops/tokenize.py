@@ -110,16 +110,14 @@ class Tokenize(Transform):
         return out
 
     def _encode(self, chunk: Chunk, texts: list) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        keep = []
-        for k, t in enumerate(texts):
-            if t is None or t == "" or (isinstance(t, str) and t.isspace()):
-                continue
-            if not isinstance(t, str):
-                raise SourceError(f"operator '{self.name}': field '{self.field}' of {chunk.where(k)} holds "
-                                  f"{type(t).__name__}, not text. Point tokenize(field=...) at a text field.")
-            keep.append(k)
+        keep = [k for k, t in enumerate(texts) if isinstance(t, str) and t and not t.isspace()]
+        if len(keep) < len(texts):  # blank records (skipped), or a field that is not text (an error)
+            for k, t in enumerate(texts):
+                if t is not None and not isinstance(t, str):
+                    raise SourceError(f"operator '{self.name}': field '{self.field}' of {chunk.where(k)} holds "
+                                      f"{type(t).__name__}, not text. Point tokenize(field=...) at a text field.")
         chunk.count("blank_records", len(texts) - len(keep))
-        tokens, offsets = self.tokenizer.encode([texts[k] for k in keep])
+        tokens, offsets = self.tokenizer.encode(texts if len(keep) == len(texts) else [texts[k] for k in keep])
         kept = np.asarray(keep, dtype=np.int64)
         lengths = np.diff(offsets)
         if len(lengths) and not lengths.all():  # documents that tokenize to nothing
