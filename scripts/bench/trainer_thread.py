@@ -18,6 +18,9 @@ commit), for before/after figures with the same script:
     python scripts/bench/trainer_thread.py --data bench_data --json trainer_thread.json
     git worktree add /tmp/zephon-old OLD_COMMIT
     python scripts/bench/trainer_thread.py --data bench_data --zephon-src /tmp/zephon-old
+
+``--flush-by units`` runs this checkout with the sentinel cadence of checkouts from before ``flush_by``
+existed, so that both make the same batches.
 """
 
 from __future__ import annotations
@@ -56,7 +59,7 @@ def _measure(task: dict[str, Any]) -> dict[str, Any]:
 
     c = task["config"]
     it, close, _ = build_zephon(Path(task["data"]), BATCH, SEQ, workers=c["workers"], runner=c["runner"],
-                                algorithm=c["algorithm"])
+                                algorithm=c["algorithm"], flush_by=task.get("flush_by") or None)
     it = iter(it)
     windows = []
     try:
@@ -81,6 +84,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=60, help="batches per timed window")
     ap.add_argument("--warmup", type=int, default=48)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--flush-by", default="", choices=["", "units", "chunks"],
+                    help="the sentinel cadence (units: the batches of a checkout from before flush_by existed, "
+                         "which refuses the option itself: leave it out for such a --zephon-src)")
     args = ap.parse_args(argv)
     cfgs, data, src = zephon_bench_inputs(args, configs())
     print(f"# trainer thread: CPU per [{BATCH}, {SEQ}] batch on the thread calling next(loader); {args.warmup} "
@@ -89,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[str, Any] = {}
     for c in cfgs:
         task = {"kind": "measure", "config": c, "data": str(data), "steps": args.steps, "warmup": args.warmup,
-                "repeats": args.repeats, "zephon_src": src}
+                "repeats": args.repeats, "zephon_src": src, "flush_by": args.flush_by}
         print(f"  {c['name']:<26}", end=" ", flush=True)
         r = run_task(SCRIPT, task, timeout=args.timeout)
         results[c["name"]] = {**c, **r}
