@@ -339,9 +339,10 @@ class Row:
         self.flushed = False  # closed by a flush sentinel (its padding is a sentinel cost)
         self.n_images = self.n_patches = 0  # the images its documents carry (kept by the packer, for its limits)
 
-    def add_tokens(self, ids: np.ndarray, tail: int) -> None:
-        """Append a document (or piece) that is ``input_ids`` alone, with no payload, to a row of
-        ``input_ids`` alone: :meth:`add` without its per-field work, for text pipelines' packers."""
+    def add_tokens(self, ids: np.ndarray, tail: int, payload: dict[str, Any] | None = None) -> None:
+        """Append a document (or piece) whose only per-token field is ``input_ids`` to a row of ``input_ids``
+        alone, with its other fields as ``payload``: :meth:`add` without its per-field work, for the packers
+        of pipelines whose documents carry no other per-token field."""
         n = len(ids)
         f = self.fill
         self.tokens[f:f + n] = ids
@@ -349,6 +350,12 @@ class Row:
         self.free -= n
         self.seg_lens.append(n)
         self.tails.append(tail)
+        if payload:
+            if self.payloads is None:
+                self.payloads = [{} for _ in range(len(self.seg_lens) - 1)]
+            self.payloads.append(payload)
+        elif self.payloads is not None:
+            self.payloads.append({})
 
     def add(self, doc: Mapping[str, Any], a: int, b: int, tail: int, fields: Sequence[str] = (INPUT_IDS,),
             defaults: Mapping[str, Any] | None = None, fieldset: frozenset = frozenset((INPUT_IDS,))) -> None:

@@ -142,8 +142,9 @@ class Pack(Accumulator):
 
     def _put(self, j: int, doc: Mapping[str, Any], a: int, b: int, tail: int) -> None:
         row = self._bins[j]
-        if self._text_only and len(doc) == 1 and row.payloads is None:  # tokens alone (once per document)
-            row.add_tokens(doc[INPUT_IDS][a:b], tail)
+        if self._text_only:  # input_ids the only per-token field (once per document: the short path)
+            row.add_tokens(doc[INPUT_IDS][a:b], tail,
+                           {k: v for k, v in doc.items() if k != INPUT_IDS} if len(doc) > 1 else None)
         else:
             row.add(doc, a, b, tail, self._names, self._defaults, self._fieldset)
         if row.free == 0:
