@@ -454,3 +454,46 @@ def test_hashes_are_pinned():
     assert stable_key("web") == 6674642467988156197
     assert permute_index(3, 5, 42) == 4
     assert permutation(10, mix64(1, 2)).tolist() == [0, 2, 9, 8, 3, 7, 4, 5, 6, 1]
+
+
+def test_the_reader_cache_keeps_hits_when_lanes_take_turns_over_a_working_set_larger_than_it():
+    """Lanes of one process read their row groups in turns: with more of them than the cache holds, plain
+    LRU evicts each entry just before its next use (no hit ever); the cache must keep most entries instead,
+    and still turn over when an entry is no longer used."""
+    from zephon.readers.base import LRU
+
+    made: list[str] = []
+
+    def get(cache: LRU, key: str) -> str:
+        return cache.get(key, lambda: made.append(key) or key.upper())
+
+    cache = LRU(capacity=8, max_size=80, size_of=lambda v: 10)  # room for 8 entries of size 10
+    keys = [f"lane{k}" for k in range(10)]  # 10 lanes in turns: more than fit
+    rounds = 20
+    for _ in range(rounds):
+        for k in keys:
+            assert get(cache, k) == k.upper()  # a value is always right, cached or not
+    hits = rounds * len(keys) - len(made)
+    assert hits >= (rounds - 2) * 6, hits  # at least 6 of the 10 lanes hit in every round after the first two
+    # the lanes move on to their next row groups: the old entries stop being used and give way
+    made.clear()
+    new = [f"next{k}" for k in range(4)]
+    for _ in range(rounds):
+        for k in new:
+            get(cache, k)
+    assert len(made) <= 6 * len(new), len(made)  # the new ones got cached within a few rounds (of 20)
+    assert all(k in cache._data for k in new)
+    assert len(cache._data) <= 8 and cache._size <= 80
+
+
+def test_the_reader_cache_bounded_by_count_alone_evicts():
+    from zephon.readers.base import LRU
+
+    cache = LRU(capacity=2)
+    for round_ in range(3):
+        for key in ("a", "b", "c", "d"):
+            assert cache.get(key, lambda: key * 2) == key * 2
+    assert len(cache._data) <= 2
+    for _ in range(12):  # "z" asked for often lately: it gets in
+        cache.get("z", lambda: "zz")
+    assert "z" in cache._data and len(cache._data) <= 2

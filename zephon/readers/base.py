@@ -190,11 +190,18 @@ class Reader(Protocol):
 
 
 class LRU:
-    """A tiny thread-safe LRU cache (per process) for file metadata and decoded row groups.
+    """A tiny thread-safe cache (per process) for file metadata and decoded row groups.
 
     Bounded by entry count and, when ``size_of`` is given, by total size (``max_size``): lanes read
     a row group chunk by chunk, so the decoded column stays cached while they do, but a working set
     larger than the budget only costs re-reads, never memory. Caching never changes what is read.
+
+    Eviction is least-recently-used, behind a frequency check on admission: the lanes of one process take
+    turns, so when their working set (a row group each) is larger than the budget, plain LRU evicts every
+    entry just before its next use and nothing is ever a hit. A newcomer therefore replaces the least recently
+    used entry only if it has been asked for more often lately (counts halve every ``4 x capacity`` requests,
+    so an entry no longer used, e.g. a row group its lane has finished, soon loses to one in use); otherwise
+    it is returned uncached. With lanes taking turns the cache then keeps as many of them as fit.
     """
 
     def __init__(self, capacity: int, max_size: int | None = None,
@@ -203,36 +210,50 @@ class LRU:
         self._max_size, self._size_of = max_size, size_of
         self._size = 0
         self._data: OrderedDict[Any, Any] = OrderedDict()
+        self._freq: dict[Any, int] = {}  # recent requests per key, cached or not
+        self._requests = 0
         self._lock = threading.Lock()
+
+    def _full(self, size: int) -> bool:
+        return len(self._data) >= self._cap or (
+            self._max_size is not None and self._size + size > self._max_size)
+
+    def _count(self, key: Any) -> None:
+        self._freq[key] = self._freq.get(key, 0) + 1
+        self._requests += 1
+        if self._requests >= 4 * self._cap:  # age the counts: recent use is what matters
+            self._requests = 0
+            self._freq = {k: n // 2 for k, n in self._freq.items() if n > 1}
 
     def get(self, key: Any, make: Callable[[], Any]) -> Any:
         with self._lock:
+            self._count(key)
             if key in self._data:
                 self._data.move_to_end(key)
                 return self._data[key]
         value = make()
+        size = self._size_of(value) if self._size_of else 0
         with self._lock:
             if key in self._data:  # another thread made it meanwhile
                 return self._data[key]
+            while self._data and self._full(size):
+                oldest = next(iter(self._data))
+                if self._freq.get(oldest, 0) >= self._freq.get(key, 0):  # the incumbent is in use as much
+                    return value
+                evicted = self._data.pop(oldest)
+                self._size -= self._size_of(evicted) if self._size_of else 0
             self._data[key] = value
-            self._size += self._size_of(value) if self._size_of else 0
-            while len(self._data) > self._cap or (
-                    self._max_size is not None and self._size > self._max_size and len(self._data) > 1):
-                _, old = self._data.popitem(last=False)
-                self._size -= self._size_of(old) if self._size_of else 0
+            self._size += size
         return value
 
 
 def aligned_cuts(lo: int, hi: int, origin: int, step: int) -> list[tuple[int, int]]:
     """Split [lo, hi) at origin + k*step (k integer): the chunk ends do not depend on ``lo``."""
-    out = []
-    pos = lo
-    while pos < hi:
-        nxt = origin + ((pos - origin) // step + 1) * step
-        nxt = min(nxt, hi)
-        out.append((pos, nxt))
-        pos = nxt
-    return out
+    if lo >= hi:
+        return []
+    first = origin + ((lo - origin) // step + 1) * step  # the first aligned cut after lo
+    edges = [lo, *range(first, hi, step), hi]
+    return list(zip(edges[:-1], edges[1:]))
 
 
 def split_evenly(lo: int, hi: int, parts: int) -> list[tuple[int, int]]:

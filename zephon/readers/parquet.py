@@ -41,7 +41,7 @@ class ParquetReader:
         self.tokens_field = tokens_field
         self.chunk_rows = chunk_rows
         self.doc_limit = doc_limit  # [read] max_doc_bytes / oversize, applied to texts
-        self._files = LRU(64)
+        self._files = LRU(256)  # (path, thread) -> ParquetFile: every lane's file, per worker thread
         # Decoded text columns of row groups, shared by this process's lanes and threads.
         self._columns = LRU(1024, max_size=cache_bytes, size_of=lambda col: col.nbytes)
 
