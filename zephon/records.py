@@ -339,10 +339,9 @@ class Row:
         self.flushed = False  # closed by a flush sentinel (its padding is a sentinel cost)
         self.n_images = self.n_patches = 0  # the images its documents carry (kept by the packer, for its limits)
 
-    def add_tokens(self, ids: np.ndarray, tail: int, payload: dict[str, Any] | None = None) -> None:
-        """Append a document (or piece) whose only per-token field is ``input_ids`` to a row of ``input_ids``
-        alone, with its other fields as ``payload``: :meth:`add` without its per-field work, for the packers
-        of pipelines whose documents carry no other per-token field."""
+    def _append(self, ids: np.ndarray, tail: int, payload: dict[str, Any] | None) -> None:
+        """Append ``input_ids`` at ``fill`` (the other per-token fields are already written there), the
+        piece's length, tail label and payload (None or empty: none)."""
         n = len(ids)
         f = self.fill
         self.tokens[f:f + n] = ids
@@ -362,26 +361,17 @@ class Row:
         """Append tokens ``[a, b)`` of a document (a piece of it, or all): every per-token field in
         ``fields`` (``input_ids`` first) at ``fill``; its other fields (``fieldset``: the per-token
         ones) are its payload, kept aside; ``tail`` is the label of its last position."""
-        n = b - a
-        f = self.fill
-        self.tokens[f:f + n] = doc[INPUT_IDS][a:b]
         if len(fields) > 1:
+            f, n = self.fill, b - a
             for name in fields[1:]:
                 buf = self.buffers[name]
                 if name in doc:
                     buf[f:f + n] = doc[name][a:b]
                 else:
                     buf[f:f + n] = defaults[name]  # type: ignore[index]
-        self.fill = f + n
-        self.free -= n
-        self.seg_lens.append(n)
-        self.tails.append(tail)
-        if len(doc) > 1 or self.payloads is not None:  # a text document has input_ids alone: no payload
-            payload = {k: v for k, v in doc.items() if k not in fieldset}
-            if payload and self.payloads is None:
-                self.payloads = [{} for _ in range(len(self.seg_lens) - 1)]
-            if self.payloads is not None:
-                self.payloads.append(payload)
+        # a text document has input_ids alone: no payload
+        payload = {k: v for k, v in doc.items() if k not in fieldset} if len(doc) > 1 else None
+        self._append(doc[INPUT_IDS][a:b], tail, payload)
 
     def segments(self) -> list[Doc]:
         """The row's pieces as documents (views of its buffers), in row order."""

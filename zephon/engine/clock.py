@@ -52,12 +52,16 @@ class LaneClock:
 
     def step(self) -> int:
         """The step the merge's next decision belongs to (see the module docstring)."""
+        return self.step_at(self.mixed)
+
+    def step_at(self, mixed: int) -> int:
+        """The step of a decision of the current segment taken when the merge had taken ``mixed`` tokens."""
         j = self.segment - 1
         if j not in self.rows_at:
             raise ClockError(f"segment {self.segment}: the lane has not yet seen sentinel {j}; an accumulator "
                              f"held a flush sentinel past the next segment's first decision, which schedules "
                              f"and interventions cannot allow")
-        rows = self.rows_at[j] + (self.mixed - self.mixed_at[j]) / self.seq_len
+        rows = self.rows_at[j] + (mixed - self.mixed_at[j]) / self.seq_len
         return int(rows // self.rows_per_lane)
 
     def close_segment(self, segment: int) -> None:
@@ -75,11 +79,7 @@ class LaneClock:
         decision has its latest step, computed here when asked (an intervention) rather than per document."""
         if self.decision_mixed is None:
             return self._decided_before
-        mixed, self.mixed = self.mixed, self.decision_mixed
-        try:
-            return max(self._decided_before, self.step())
-        finally:
-            self.mixed = mixed
+        return max(self._decided_before, self.step_at(self.decision_mixed))
 
     def forget_before(self, segment: int) -> None:
         """Drop anchors no decision can need any more."""

@@ -106,7 +106,6 @@ class Pack(Accumulator):
         assert self._names[0] == INPUT_IDS
         self._defaults = {k: d for k, (_, d) in self.fields.items()}
         self._fieldset = frozenset(self.fields)
-        self._text_only = self._names == (INPUT_IDS,)
         self._place = {"best_fit": self._best_fit, "first_fit": self._first_fit, "wrap": self._wrap}[algorithm]
         self._bins: list[Row] = []  # in opening order
         self._out: deque = deque()
@@ -142,11 +141,7 @@ class Pack(Accumulator):
 
     def _put(self, j: int, doc: Mapping[str, Any], a: int, b: int, tail: int) -> None:
         row = self._bins[j]
-        if self._text_only:  # input_ids the only per-token field (once per document: the short path)
-            row.add_tokens(doc[INPUT_IDS][a:b], tail,
-                           {k: v for k, v in doc.items() if k != INPUT_IDS} if len(doc) > 1 else None)
-        else:
-            row.add(doc, a, b, tail, self._names, self._defaults, self._fieldset)
+        row.add(doc, a, b, tail, self._names, self._defaults, self._fieldset)
         if row.free == 0:
             self._emit(self._bins.pop(j))
 
