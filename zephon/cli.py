@@ -239,28 +239,32 @@ def cmd_run(args: argparse.Namespace) -> int:
                 _check_resume_covers(args.resume, files, args.rank, args.world_size, lanes)
             loader.load_state_dict(state)
         rows = len(lanes) * recipe.batch_per_lane
+        records = bool(getattr(loader.program, "records", False))  # no pack(): a row is one record
+        unit, per_row = ("rec", 1) if records else ("tok", recipe.seq_len)
         _out(f"recipe {args.recipe}: rank {args.rank} of {args.world_size} owns lanes "
-             f"{lanes.start}..{lanes.stop - 1} ({rows} x {recipe.seq_len} tokens per batch); "
+             f"{lanes.start}..{lanes.stop - 1} ("
+             + (f"{rows} records per batch); " if records else f"{rows} x {recipe.seq_len} tokens per batch); ")
              + (f"{args.num_workers} {args.runner} workers" if args.num_workers else "inline (no workers)")
              + (f"; resumed at step {loader.step} from {', '.join(args.resume)}" if state is not None else ""))
         if args.hash_every and args.steps:
-            _out(f"tok/s: tokens of this rank's batches (padding included) per second, over the last "
-                 f"{RATE_WINDOW} steps (fewer at the start) and on average since the first batch was asked for")
-        bar = tqdm(total=args.steps * rows * recipe.seq_len, unit="tok", unit_scale=True, file=sys.stderr,
+            _out(f"{unit}/s: {'records' if records else 'tokens'} of this rank's batches (padding included) per "
+                 f"second, over the last {RATE_WINDOW} steps (fewer at the start) and on average since the first "
+                 f"batch was asked for")
+        bar = tqdm(total=args.steps * rows * per_row, unit=unit, unit_scale=True, file=sys.stderr,
                    disable=True if args.quiet else None, desc="zephon run", dynamic_ncols=True, leave=False)
         real = 0
         rate = _Throughput(time.perf_counter())
         try:
             for i in range(args.steps):
                 batch = next(loader)
-                n = batch["input_ids"].numel()
+                n = batch["valid"].numel() if records else batch["input_ids"].numel()
                 rate.add(time.perf_counter(), n)
-                real += int((batch["segment_ids"] != 0).sum())
+                real += int(batch["valid"].sum()) if records else int((batch["segment_ids"] != 0).sum())
                 bar.update(n)
                 if args.hash_every and ((i + 1) % args.hash_every == 0 or i + 1 == args.steps):
                     k = rate.window_steps
                     line = (f"step {loader.step:6d}  sha256 {batch_digest(batch)}  "
-                            f"tok/s last {k:>2} step{'s' if k > 1 else ' '} {_human(rate.recent()):>7}  "
+                            f"{unit}/s last {k:>2} step{'s' if k > 1 else ' '} {_human(rate.recent()):>7}  "
                             f"avg {_human(rate.average()):>7}  non-pad {real / rate.tokens:.4f}")
                     if bar.disable:
                         _out(line)
@@ -270,12 +274,13 @@ def cmd_run(args: argparse.Namespace) -> int:
             bar.close()
         elapsed = time.perf_counter() - rate.started
         m = loader.metrics()
-        _out(f"summary: {args.steps} steps, {rate.tokens} tokens (padding included) in {elapsed:.2f}s")
+        _out(f"summary: {args.steps} steps, {rate.tokens} {'records' if records else 'tokens'} (padding included) "
+             f"in {elapsed:.2f}s")
         if rate.first_batch_at is not None:
             first_s = rate.first_batch_at[0] - rate.started
             steady = rate.after_first()
             k = rate.window_steps
-            _out(f"  first batch after {first_s:.2f}s;  tok/s: {_human(rate.average())} average over all "
+            _out(f"  first batch after {first_s:.2f}s;  {unit}/s: {_human(rate.average())} average over all "
                  f"{args.steps} steps (first batch included)"
                  + (f", {_human(steady)} average after the first batch ({args.steps - 1} steps), "
                     f"{_human(rate.recent())} over the last {k} steps" if steady is not None else ""))
@@ -363,8 +368,11 @@ def inspect_plan(recipe_path: str, lanes_shown: int = 4, units_shown: int = 3) -
         "sources": [], "lanes_shown": [],
         "operators": [{"operator": name, "runs": where, "sources": srcs} for name, where, srcs in program.placement],
         "fingerprint": program.fingerprint,
+        "rows": "one record per row (no pack)" if program.records else "packed",
         "schedule": program.schedule.describe() if program.schedule is not None else None,
     }
+    if program.records:  # nothing is packed, and a tokenizer is optional: the operators say what runs
+        info.update(pack=None, tokenizer=None, split_len=None)
     for sp in plan.sources:
         info["sources"].append({
             "name": sp.spec.name, "format": sp.spec.format, "paths": list(sp.spec.path),
@@ -397,9 +405,12 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     _out(f"  seed {info['seed']}  lanes {info['lanes']}  seq_len {info['seq_len']}  "
          f"batch_per_lane {info['batch_per_lane']}  global batch {info['global_batch_size']}  "
          f"flush_every {info['flush_every']}")
-    _out(f"  tokenizer {info['tokenizer']['kind']} {info['tokenizer']['path']}")
-    _out(f"  pack {info['pack']['algorithm']} (max_open_bins {info['pack']['max_open_bins']})  "
-         f"mix_by {info['mix_by']}  shuffle_buffer {info['shuffle_buffer']}  split_len {info['split_len']}")
+    if info["rows"] == "packed":
+        _out(f"  tokenizer {info['tokenizer']['kind']} {info['tokenizer']['path']}")
+        _out(f"  pack {info['pack']['algorithm']} (max_open_bins {info['pack']['max_open_bins']})  "
+             f"mix_by {info['mix_by']}  shuffle_buffer {info['shuffle_buffer']}  split_len {info['split_len']}")
+    else:
+        _out(f"  rows: {info['rows']}; the operators below")
     _out(f"sources ({len(info['sources'])}):")
     for s in info["sources"]:
         _out(f"  {s['name']}: {s['format']} {', '.join(s['paths'])}")

@@ -130,12 +130,12 @@ def global_digest(rank_batches: Sequence[Mapping[str, object]]) -> str:
     h = hashlib.sha256()
     names = {k for b in rank_batches for k in b}
     others = sorted(k for k in names if k not in HASHED_KEYS and k not in UNHASHED_KEYS)
-    for key in [*HASHED_KEYS, *others]:
+    for key in [*(k for k in HASHED_KEYS if k in names), *others]:  # record batches have no text keys
         parts = [b[key] if key in b else _no_payload(b) for b in rank_batches]
-        if key in ROW_INDEX_KEYS:
+        if key in ROW_INDEX_KEYS and "input_ids" in rank_batches[0]:
             firsts = np.cumsum([0] + [int(b["input_ids"].shape[0]) for b in rank_batches[:-1]])
             parts = [p + int(f) for p, f in zip(parts, firsts)]
-        elif key == "position_ids" and parts[0].dim() == 3:  # mrope [3, B, S]: the batch dimension is 1
+        elif key == "position_ids" and isinstance(parts[0], torch.Tensor) and parts[0].dim() == 3:  # mrope [3, B, S]: the batch dimension is 1
             parts = [p.transpose(0, 1) for p in parts]
         if isinstance(parts[0], torch.Tensor):
             rows = sum(int(p.shape[0]) for p in parts)
@@ -153,7 +153,10 @@ def global_digest(rank_batches: Sequence[Mapping[str, object]]) -> str:
 def _no_payload(batch: Mapping[str, object]) -> list[list[None]]:
     """What :func:`collate` gives for a payload field none of a rank's documents carry: ``None`` per
     document of each row (a rank whose rows hold only padding, at the end of finite data, has no payload
-    field at all, but the one-rank batch holding the same rows has it)."""
+    field at all, but the one-rank batch holding the same rows has it). A batch of record rows
+    (:mod:`zephon.collate_records`): ``None`` per row."""
+    if "segment_ids" not in batch:
+        return [None] * len(batch["valid"])
     docs = batch["segment_ids"].amax(dim=1).tolist() if len(batch["segment_ids"]) else []
     return [[None] * int(n) for n in docs]
 

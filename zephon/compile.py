@@ -45,6 +45,7 @@ class CompiledPipeline(LaneProgram):
     placement: list[tuple[str, str, str]] = field(default_factory=list)  # (operator, where, sources) for explain
     schedule: Any = None  # the mixture schedule, if any
     images: Any = None  # zephon.collate_images.ImageBatch: how batches carry images (None: no image keys)
+    stack: tuple[str, ...] = ()  # a pipeline without pack(): the record fields batched as tensors
 
 
 def _dtype_of(default: Any) -> Any:
@@ -85,10 +86,15 @@ def compile_pipeline(pipe: Pipeline, plan: WorkPlan | None = None) -> CompiledPi
     if not steps or not isinstance(steps[-1], BatchStep):
         raise PipelineError("a pipeline ends with .batch(rows_per_lane=...)")
     pack_at = next((i for i, s in enumerate(steps) if isinstance(s, PackStep)), -1)
-    if pack_at < 0 or pack_at != len(steps) - 2:
+    if pack_at >= 0 and pack_at != len(steps) - 2:
         raise PipelineError("pack(seq_len=...) must come right before batch(): the rows a lane delivers are packed")
-    pack: PackStep = steps[pack_at]  # type: ignore[assignment]
     batch: BatchStep = steps[-1]  # type: ignore[assignment]
+    if pack_at < 0:  # no pack(): a row is one record (zephon.ops.record_rows)
+        return _compile_records(pipe, plan, batch)
+    if batch.stack:
+        raise PipelineError(f"batch(stack={list(batch.stack)}) is for pipelines without pack(): packed rows are "
+                            f"already tensors")
+    pack: PackStep = steps[pack_at]  # type: ignore[assignment]
     names = [s.name for s in pipe.sources]
     m = _merge_index(steps)
     before, after = list(steps[:m]), list(steps[m:pack_at])
@@ -139,17 +145,7 @@ def compile_pipeline(pipe: Pipeline, plan: WorkPlan | None = None) -> CompiledPi
     placement.append(("mix" if mix_step else "mix (implied)", "lane: the merge", ",".join(names)))
 
     # after the merge: serial, per lane
-    lane_steps: list[tuple[str, Callable[[LaneContext], Any]]] = []
-    for s in after:
-        if isinstance(s, Transform):
-            lane_steps.append((s.name, partial(_make_transform_step, s)))
-        elif isinstance(s, ShuffleStep):
-            lane_steps.append(("shuffle", partial(_make_shuffle, s.buffer)))
-        elif isinstance(s, AccumulateStep):
-            lane_steps.append((s.name, s.factory))
-        else:
-            raise PipelineError(f"{s.kind}() cannot come after the merge here")
-        placement.append((s.name, "lane: accumulator" if s.stateful else "lane: per record", "-"))
+    lane_steps = _lane_steps(after, placement)
     lane_steps.append(("pack", partial(_make_pack, pack.seq_len, pack.algorithm, pack.max_open_bins, schema,
                                        pack.limits)))
     placement.append(("pack", "lane: accumulator", "-"))
@@ -175,6 +171,84 @@ def compile_pipeline(pipe: Pipeline, plan: WorkPlan | None = None) -> CompiledPi
     compiled.summary = summary(pipe, plan, per_source, mix_step, weights, by, after, pack, batch)
     compiled.fingerprint = fingerprint(compiled.summary)
     return compiled
+
+
+def _lane_steps(after: list[Operator], placement: list) -> list[tuple[str, Callable[[LaneContext], Any]]]:
+    """The operators after the merge, as lane steps (name, factory); their placement recorded."""
+    lane_steps: list[tuple[str, Callable[[LaneContext], Any]]] = []
+    for s in after:
+        if isinstance(s, Transform):
+            lane_steps.append((s.name, partial(_make_transform_step, s)))
+        elif isinstance(s, ShuffleStep):
+            lane_steps.append(("shuffle", partial(_make_shuffle, s.buffer)))
+        elif isinstance(s, AccumulateStep):
+            lane_steps.append((s.name, s.factory))
+        else:
+            raise PipelineError(f"{s.kind}() cannot come after the merge here")
+        placement.append((s.name, "lane: accumulator" if s.stateful else "lane: per record", "-"))
+    return lane_steps
+
+
+def _compile_records(pipe: Pipeline, plan: WorkPlan | None, batch: BatchStep) -> CompiledPipeline:
+    """A pipeline without ``pack()``: every record after the lane's accumulators is one row."""
+    steps = pipe.steps
+    if batch.pixels != "flat" or batch.positions != "1d":
+        raise PipelineError("batch(pixels=..., positions=...) place images and positions in packed rows; without "
+                            "pack() each record's fields are batched as they are (stack=[...] for tensors)")
+    if batch.stack and batch.partial == "pad":
+        raise PipelineError(f"batch(stack={list(batch.stack)}, partial='pad'): a rank whose rows are all padding "
+                            f"could not give the stacked tensors their shape; use partial='drop', or no stack")
+    names = [s.name for s in pipe.sources]
+    m = _merge_index(steps)
+    before, after = list(steps[:m]), list(steps[m:-1])
+    mix_step = after.pop(0) if after and isinstance(after[0], MixStep) else None
+    if any(isinstance(s, MixStep) for s in after):
+        raise PipelineError("mix() must come before every accumulator (shuffle, accumulate): the sources meet first")
+    per_source: list[list[Transform]] = [[t for t in before if t.applies_to(n)] for n in names]  # type: ignore[misc]
+    placement = [(t.name, "workers, per source", ",".join(n for n in names if t.applies_to(n))) for t in before]
+    all_ops = [t for t in steps if isinstance(t, Transform)]
+    schema = _token_schema(all_ops)
+    for sp in all_ops:
+        if isinstance(sp, Split):
+            sp.token_names = tuple(schema)
+    by = mix_step.by if mix_step else ("tokens" if all(_tokenized(ops) for ops in per_source) else "documents")
+    if by == "tokens" and not all(_tokenized(ops) for ops in per_source) and len(names) > 1:
+        raise PipelineError("mix(by='tokens') needs documents: tokenize every source before the sources meet "
+                            "(.tokenize() before .mix()), or mix(by='documents')")
+    weights = [mix_step.weights[n] for n in names] if mix_step and mix_step.weights else \
+        [s.weight for s in pipe.sources]
+    schedule = mix_step.schedule if mix_step else None
+    if schedule is not None:
+        try:
+            schedule.check_sources(names)
+        except ValueError as exc:
+            raise PipelineError(f"mix(schedule=...): {exc}") from None
+    placement.append(("mix" if mix_step else "mix (implied)", "lane: the merge", ",".join(names)))
+    lane_steps = _lane_steps(after, placement)
+    lane_steps.append(("rows", _make_record_rows))
+    placement.append(("rows", "lane: one record per row", "-"))
+    placement.append(("batch", f"lane: {batch.rows_per_lane} record(s) per step", "-"))
+    plan = plan or WorkPlan.from_pipeline(pipe)
+    stages = [_stages(ops) for ops in per_source]
+    program = StageProgram(names, [ReaderFactory(sp.spec, sp.storage) for sp in plan.sources], stages,
+                           [partial(_coord, sp.spec.format) for sp in plan.sources])
+    compiled = CompiledPipeline(
+        seed=pipe.seed, lanes=pipe.lanes, names=names, plan=plan, stages=program,
+        stage_kinds=[[st.executor for st in sts] for sts in stages],
+        merge=partial(_make_mix, tuple(weights), by, tuple(names), schedule), steps=lane_steps,
+        rows_per_lane=batch.rows_per_lane, flush_every=pipe.flush_every, flush_by=pipe.flush_by, seq_len=1,
+        max_empty_units=[2 * len(sp.units) + pipe.lanes for sp in plan.sources],
+        finite=any(d.passes is not None for d in pipe.sources), partial=batch.partial, token_fields=schema,
+        records=True, stack=batch.stack, placement=placement, schedule=schedule)
+    compiled.summary = summary(pipe, plan, per_source, mix_step, weights, by, after, None, batch)
+    compiled.fingerprint = fingerprint(compiled.summary)
+    return compiled
+
+
+def _make_record_rows(ctx: LaneContext) -> Any:
+    from .ops.record_rows import RecordRows
+
+    return RecordRows()
 
 
 def _stages(ops: list[Transform]) -> list[Stage]:
@@ -263,7 +337,7 @@ def _tokenizer_pad(ops: list[Operator]) -> int:
 
 # -- fingerprint ---------------------------------------------------------------------------------------
 def summary(pipe: Pipeline, plan: WorkPlan, per_source: list[list[Transform]], mix_step: MixStep | None,
-            weights: list[float], by: str, after: list[Operator], pack: PackStep, batch: BatchStep) -> dict[str, Any]:
+            weights: list[float], by: str, after: list[Operator], pack: PackStep | None, batch: BatchStep) -> dict[str, Any]:
     """Everything that decides the bytes of the batches, as plain data (file lists as digests)."""
     sources = []
     for decl, sp, ops in zip(pipe.sources, plan.sources, per_source):
@@ -282,7 +356,8 @@ def summary(pipe: Pipeline, plan: WorkPlan, per_source: list[list[Transform]], m
         "mix": {"by": by, "weights": dict(zip((s.name for s in pipe.sources), weights)),
                 **({"schedule": mix_step.schedule.describe()} if mix_step and mix_step.schedule else {})},
         "lane_ops": [op.describe() for op in after],
-        "pack": pack.describe(), "rows_per_lane": batch.rows_per_lane,
+        "pack": pack.describe() if pack is not None else None, "rows_per_lane": batch.rows_per_lane,
+        **({"stack": list(batch.stack)} if batch.stack else {}),
         **({"partial": batch.partial} if batch.partial != "drop" else {}),
         **({"pixels": batch.pixels} if batch.pixels != "flat" else {}),
         **({"positions": batch.positions} if batch.positions != "1d" else {}),
@@ -297,7 +372,8 @@ def fingerprint(summary: dict[str, Any]) -> str:
 def explain(pipe: Pipeline) -> str:
     c = pipe.compile()
     lines = [f"Pipeline seed={pipe.seed} lanes={pipe.lanes} flush_every={pipe.flush_every} {pipe.flush_by} "
-             f"global batch {pipe.lanes} x {c.rows_per_lane} rows x {c.seq_len} tokens",
+             + (f"global batch {pipe.lanes} x {c.rows_per_lane} rows x {c.seq_len} tokens" if not c.records else
+                f"global batch {pipe.lanes} x {c.rows_per_lane} records (no pack: a row is one record)"),
              "sources:"]
     for decl, sp in zip(pipe.sources, c.plan.sources):
         lines.append(f"  {decl.name}: {decl.read.format} {', '.join(decl.read.path)} fields={list(decl.read.fields)} "
@@ -306,7 +382,10 @@ def explain(pipe: Pipeline) -> str:
     width = max(len(n) for n, _, _ in c.placement)
     for name, where, srcs in c.placement:
         lines.append(f"  {name:<{width}}  {where}" + (f"  [{srcs}]" if srcs not in ("-", "") else ""))
-    lines.append(f"per-token fields: {', '.join(c.token_fields)}")
+    if c.records:
+        lines.append(f"fields batched as tensors: {', '.join(c.stack) or '-'} (every other field: a list per batch)")
+    else:
+        lines.append(f"per-token fields: {', '.join(c.token_fields)}")
     lines.append(f"fingerprint: {c.fingerprint}")
     return "\n".join(lines)
 
@@ -322,7 +401,7 @@ class ValidationReport:
 
     def __str__(self) -> str:
         return (f"read {self.records_read}; after the stateless operators {self.after_transforms}; "
-                f"lane operators {self.lane_outputs}; rows packed {self.rows}")
+                f"lane operators {self.lane_outputs}; rows {self.rows}")
 
 
 def validate(pipe: Pipeline, records: int = 64) -> ValidationReport:

@@ -13,6 +13,7 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 from torchdata.nodes import BaseNode
 
 from .collate import collate
+from .collate_records import collate_records
 from .compile import CompiledPipeline
 from .engine.counters import LaneCounters
 from .engine.executors import EXECUTOR_KINDS, Executor, make_executor
@@ -206,6 +207,8 @@ class ZephonLoader:
             d["pad"] += row.free
             if row.flushed:
                 d["flush_pad"] += row.free
+        if self.program.records:
+            return collate_records(rows, self.program.stack)
         return collate(rows, self.program.seq_len, self.pad_id, self.program.pad_values, self.program.images)
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
@@ -276,6 +279,9 @@ class ZephonLoader:
         error naming the ranks. An ``at_step`` whose data a lane has already delivered is refused. Returns
         the number of this rank's lanes that were rebuilt and replayed.
         """
+        if len(self.program.names) < 2:
+            raise ValueError(f"set_mixture: this pipeline reads one source ({self.program.names[0]!r}), so there is "
+                             f"no mixture to change")
         at_step, weights = parse_event([at_step, dict(weights)], self.program.names, "set_mixture")
         if at_step <= self.step:
             raise ValueError(f"set_mixture(at_step={at_step}): step {self.step} was already delivered; the "
@@ -316,7 +322,8 @@ class ZephonLoader:
         return self.step * len(self.lanes) * self.program.rows_per_lane * self.program.seq_len
 
     def metrics(self) -> dict[str, Any]:
-        """Counters to log: tokens/s, padding fractions, sentinel cost, skips, per-lane progress.
+        """Counters to log: tokens/s (``records_per_s`` instead for a pipeline without ``pack()``), padding
+        fractions, sentinel cost, skips, per-lane progress.
 
         ``pad_fraction`` / ``flush_pad_fraction`` cover the rows *delivered* since the last (re)start;
         ``docs``, ``flushes``, ``units``, ... count the work the lanes did since the (re)start, which
@@ -330,9 +337,11 @@ class ZephonLoader:
         d = getattr(self, "_delivered", {"rows": 0, "pad": 0, "flush_pad": 0})
         delivered = d["rows"] * self.program.seq_len
         elapsed = max(time.perf_counter() - self._started, 1e-9)
+        rate = (self._delivered_tokens() - getattr(self, "_tokens_at_start", 0)) / elapsed
         return {
             "step": self.step,
-            "tokens_per_s": (self._delivered_tokens() - getattr(self, "_tokens_at_start", 0)) / elapsed,
+            # without pack() a row is one record of seq_len 1: the rate counts records, and tokens are not counted
+            **({"records_per_s": rate, "tokens_per_s": None} if self.program.records else {"tokens_per_s": rate}),
             "rows_delivered": d["rows"],
             "pad_fraction": d["pad"] / delivered if delivered else 0.0,
             "flush_pad_fraction": d["flush_pad"] / delivered if delivered else 0.0,

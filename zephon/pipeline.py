@@ -126,13 +126,16 @@ PARTIAL = ("drop", "pad")
 class BatchStep(Step):
     kind = "batch"
 
-    def __init__(self, rows_per_lane: int, partial: str = "drop", pixels: str = "flat", positions: str = "1d") -> None:
+    def __init__(self, rows_per_lane: int, partial: str = "drop", pixels: str = "flat", positions: str = "1d",
+                 stack: tuple[str, ...] = ()) -> None:
         super().__init__("batch")
         self.rows_per_lane, self.partial, self.pixels, self.positions = rows_per_lane, partial, pixels, positions
+        self.stack = stack
 
     def describe(self) -> dict[str, Any]:
         return {"op": "batch", "rows_per_lane": self.rows_per_lane,
                 **({"partial": self.partial} if self.partial != "drop" else {}),
+                **({"stack": list(self.stack)} if self.stack else {}),
                 **({"pixels": self.pixels} if self.pixels != "flat" else {}),
                 **({"positions": self.positions} if self.positions != "1d" else {})}
 
@@ -446,8 +449,12 @@ class Pipeline:
                                         max_patches_per_row))
 
     def batch(self, rows_per_lane: int = 1, partial: str = "drop", *, pixels: str = "flat",
-              positions: str = "1d") -> "Pipeline":
+              positions: str = "1d", stack: Sequence[str] = ()) -> "Pipeline":
         """Each lane adds ``rows_per_lane`` rows to every global batch (global batch = lanes x this).
+
+        Without ``pack()`` a row is one record (image-caption pairs, pre-cut samples): the batch has every
+        field of the records, one value per row, as a list, or as one tensor for the fields named in
+        ``stack`` (one shape and dtype each), plus ``valid`` (see :mod:`zephon.collate_records`).
 
         ``partial``: when sources stop (``passes=``), lanes run out at different steps; the first global
         batch that some lane cannot fill ends the loader (``"drop"``), or lanes that ran out deliver rows
@@ -468,8 +475,10 @@ class Pipeline:
             raise PipelineError(f"batch(pixels={pixels!r}): use one of {PIXEL_MODES}")
         if positions not in POSITION_MODES:
             raise PipelineError(f"batch(positions={positions!r}): use one of {POSITION_MODES}")
+        if isinstance(stack, str) or not all(isinstance(k, str) and k for k in stack):
+            raise PipelineError(f"batch(stack={stack!r}): a list of field names, e.g. stack=['image']")
         return self._with(step=BatchStep(_positive_int(rows_per_lane, "batch(rows_per_lane=...)"), partial, pixels,
-                                         positions))
+                                         positions, tuple(stack)))
 
     # -- what the rest of Zephon reads ------------------------------------------------------------------------
     def _find(self, cls: type) -> Any:

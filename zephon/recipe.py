@@ -300,11 +300,12 @@ def _steps_recipe(data: Mapping[str, Any], base: Path | None, origin: str) -> Re
                    steps=tuple(_resolve_step_paths(t, base) for t in steps))
     _validate(draft)
     pipe = draft.to_pipeline()  # every step checked here; errors name the step
+    records = pipe.compile().records  # no pack step: a row is one record (seq_len 1), tokens optional
     try:
-        seq_len, rows = pipe.seq_len, pipe.batch_per_lane
+        seq_len, rows = (1 if records else pipe.seq_len), pipe.batch_per_lane
     except ValueError as exc:
         raise RecipeError(f"{origin}: {exc}") from None
-    tok = pipe.tokenizer
+    tok = pipe.tokenizer or (placeholder if records else None)
     if tok is None:
         raise RecipeError(f"{origin}: a [[steps]] recipe needs a tokenize (or tokenize_chat) step.")
     return dataclasses.replace(draft, seq_len=seq_len, batch_per_lane=rows, tokenizer=tok)

@@ -282,6 +282,8 @@ def pipeline_to_toml(pipe: Pipeline) -> str:
                  "max_images_per_row": step.max_images_per_row, "max_patches_per_row": step.max_patches_per_row}
         elif isinstance(step, BatchStep):
             t = {"op": "batch", "rows_per_lane": step.rows_per_lane, "partial": step.partial}
+            if step.stack:
+                t["stack"] = list(step.stack)
             if step.pixels != "flat":
                 t["pixels"] = step.pixels
             if step.positions != "1d":

@@ -259,7 +259,8 @@ def measure_stream(make: Callable[[], tuple[Iterable, Callable[[], None]]], step
                    repeats: int, tokens_per_batch: int, fresh: bool = False,
                    check: Callable[[Any], None] | None = None,
                    on_batch: Callable[[int, int, Any], None] | None = None,
-                   after_window: Callable[[int], dict] | None = None) -> dict[str, Any]:
+                   after_window: Callable[[int], dict] | None = None,
+                   digest: Callable[[Any], str] | None = None, tail: int | None = None) -> dict[str, Any]:
     """Steady-state throughput of a batch stream.
 
     One pipeline is built (``make()`` returns (iterable of batches, close)); its first batch is timed
@@ -268,9 +269,15 @@ def measure_stream(make: Callable[[], tuple[Iterable, Callable[[], None]]], step
     With ``fresh=True`` every repeat builds a new pipeline and warms it up again (independent runs).
 
     ``on_batch(run, index, batch)`` runs for every batch (warm-up included); its time is excluded from
-    every figure. ``trace`` holds, per pipeline, the time at which each batch arrived (hashing excluded),
-    so that whoever doubts that the warm-up reached a steady state can plot it.
+    every figure, so it must stay cheap: a loader's background workers go on working while it runs, and
+    that work would count as theirs. ``digest(batch)`` (a hash, which is not cheap for batches of image
+    bytes) is therefore taken only outside the timed windows: of the warm-up batches and of ``tail``
+    batches taken after the windows (default: as many as the warm-up), returned per pipeline in
+    ``digests_by_run``. ``trace`` holds, per pipeline, the time at which each batch arrived (hashing
+    excluded), so that whoever doubts that the warm-up reached a steady state can plot it.
     """
+    tail = (max(1, warmup) if digest else 0) if tail is None else tail
+    digests_by_run: list[list[str]] = []
     windows: list[dict[str, Any]] = []
     pipelines: list[dict[str, Any]] = []
     for run in range(repeats if fresh else 1):
@@ -278,11 +285,13 @@ def measure_stream(make: Callable[[], tuple[Iterable, Callable[[], None]]], step
         timer = Timer()
         iterable, close = make()
         trace: list[float] = []
+        digests: list[str] = []
+        digests_by_run.append(digests)
         try:
             it = iter(iterable)
             index = 0
 
-            def take() -> Any:
+            def take(timed: bool = False) -> Any:
                 nonlocal index
                 b = next(it)
                 trace.append(round(timer.elapsed(), 4))
@@ -291,6 +300,8 @@ def measure_stream(make: Callable[[], tuple[Iterable, Callable[[], None]]], step
                         check(b)
                     if on_batch:
                         on_batch(run, index, b)
+                    if digest and not timed:
+                        digests.append(digest(b))
                 index += 1
                 return b
 
@@ -301,18 +312,20 @@ def measure_stream(make: Callable[[], tuple[Iterable, Callable[[], None]]], step
             for w in range(n_windows):
                 t0 = timer.elapsed()
                 for _ in range(steps):
-                    take()
+                    take(timed=True)
                 sec = timer.elapsed() - t0
                 extra = after_window(run) if after_window else {}
                 windows.append({"run": run, "window": w, "seconds": sec, "tokens": steps * tokens_per_batch,
                                 "tokens_per_s": steps * tokens_per_batch / sec, **extra})
             total = timer.elapsed()
+            for _ in range(tail):
+                take()
         finally:
             close()
         pipelines.append({"first_batch_s": first, "batches": index, "seconds_total": total,
                           "tokens_per_s_incl_startup": index * tokens_per_batch / total,
                           "excluded_s": timer.excluded, "trace": trace})
-    return {"runs": windows, "pipelines": pipelines,
+    return {"runs": windows, "pipelines": pipelines, "digests_by_run": digests_by_run,
             "tokens_per_s": statistics.median(w["tokens_per_s"] for w in windows),
             "tokens_per_s_all_windows": sum(w["tokens"] for w in windows) / sum(w["seconds"] for w in windows),
             "first_batch_s": statistics.median(p["first_batch_s"] for p in pipelines),

@@ -268,7 +268,6 @@ def run_config(task: dict[str, Any]) -> dict[str, Any]:
     eos = json.loads((fetch / "wordlevel.json").read_text())["model"]["vocab"][EOS]
     nonpad: list[float] = []
     records: list[int] = []  # documents that end (their EOS) in each batch, warm-up included
-    digests: list[str] = []  # Zephon: every batch's SHA-256 (its time excluded, as for on_batch's work)
     if cfg["kind"] == "zephon":
         import zephon
 
@@ -283,7 +282,6 @@ def run_config(task: dict[str, Any]) -> dict[str, Any]:
     def on_batch(run: int, i: int, b: dict) -> None:
         x = b["input_ids"]
         if cfg["kind"] == "zephon":  # packed rows; a record is delivered where its EOS is (not padding)
-            digests.append(zephon.batch_digest(b))
             real = b["segment_ids"] != 0
             nonpad.append(float(real.float().mean()))
             records.append(int(((x == eos) & real).sum()))
@@ -293,7 +291,8 @@ def run_config(task: dict[str, Any]) -> dict[str, Any]:
             records.append(x.shape[0])
 
     res = measure_stream(make, task["steps"], task["warmup"], task["repeats"], BATCH * SEQ, check=check,
-                         on_batch=on_batch)
+                         on_batch=on_batch, digest=zephon.batch_digest if cfg["kind"] == "zephon" else None)
+    digests = res.pop("digests_by_run")[0]
     import statistics
 
     w0, S = max(1, task["warmup"]), task["steps"]

@@ -139,7 +139,6 @@ def run_config(task: dict[str, Any]) -> dict[str, Any]:
     params = dict(cfg.get("params", {}))
     holder: dict[str, Any] = {}
     n_runs = repeats if fresh else 1
-    digests: list[list[str]] = [[] for _ in range(n_runs)]
     pads: list[list[float]] = [[] for _ in range(n_runs)]
     is_zephon = cfg["kind"] == "zephon"
     if is_zephon:
@@ -156,9 +155,7 @@ def run_config(task: dict[str, Any]) -> dict[str, Any]:
                                  f"{tuple(getattr(x, 'shape', ()))}, expected int64 [{batch}, {seq_len}]")
 
     def on_batch(run: int, i: int, b: dict) -> None:
-        if is_zephon:
-            digests[run].append(zephon.batch_digest(b))
-        elif "segment_ids" in b:
+        if not is_zephon and "segment_ids" in b:
             pads[run].append(float((b["segment_ids"] == 0).float().mean()))
 
     def after_window(run: int) -> dict:
@@ -169,7 +166,9 @@ def run_config(task: dict[str, Any]) -> dict[str, Any]:
                 if k in m} | {"zephon_metrics_tokens_per_s": m.get("tokens_per_s")}
 
     res = measure_stream(make, steps, warmup, repeats, batch * seq_len, fresh=fresh, check=check,
-                         on_batch=on_batch, after_window=after_window)
+                         on_batch=on_batch, after_window=after_window,
+                         digest=zephon.batch_digest if is_zephon else None)
+    digests = res.pop("digests_by_run")
     if is_zephon:
         res["digests"] = digests[0]
         res["repeats_agree"] = all(d == digests[0] for d in digests)

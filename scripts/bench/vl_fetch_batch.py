@@ -150,11 +150,15 @@ def epochs(make_iter) -> Iterator:
 
 
 # -- Zephon ------------------------------------------------------------------------------------------------
-def zephon_pipeline(data: Path, mode: str):
+def zephon_pipeline(data: Path, mode: str, packed: bool = False):
     import zephon as z
 
     native = data / "native"
     tok = z.tokenizer(str(native / "wordlevel.json"), eos_token=vc.EOS)
+    if mode == "fetch" and not packed:  # the peers' work: each sample a row, its bytes and caption as they are
+        return (z.Pipeline(seed=1234, lanes=LANES)
+                .source("pairs", z.read.webdataset(vc.shards(data), columns=["image=jpg;png", "txt"]))
+                .batch(rows_per_lane=PER_LANE))
     if mode == "fetch":
         return (z.Pipeline(seed=1234, lanes=LANES)
                 .source("pairs", z.read.webdataset(vc.shards(data), columns=["image=jpg;png", "txt"]))
@@ -244,13 +248,13 @@ def build(kind: str, data: Path, mode: str, workers: int, params: dict, holder: 
                         collate_fn=collate_decode_in_worker if decode else collate_fetch)
         return epochs(lambda: iter(dl)), lambda: None
     if kind == "zephon":
-        loader = zephon_pipeline(data, mode).build(rank=0, world_size=1, num_workers=workers, runner=params["runner"])
+        loader = zephon_pipeline(data, mode, params.get("packed", False)).build(rank=0, world_size=1, num_workers=workers, runner=params["runner"])
         holder["loader"] = loader
         return iter(loader), loader.close
     raise ValueError(kind)
 
 
-def configs() -> list[dict[str, Any]]:
+def configs(mode: str = "fetch") -> list[dict[str, Any]]:
     c: list[dict[str, Any]] = [{"name": "plain_loop", "kind": "plain_loop", "workers": 0, "runner": "-", "params": {}}]
     for kind, runner in (("grain", "process"), ("litdata", "process"), ("webdataset", "process"), ("mosaic", "process")):
         for w in (0, 1, 2):
@@ -261,17 +265,24 @@ def configs() -> list[dict[str, Any]]:
         for m in ("thread", "process"):
             c.append({"name": f"torchdata_nodes_{w}_{m}", "kind": "torchdata", "workers": w, "runner": m,
                       "params": {"method": m}})
+    algo = "records" if mode == "fetch" else "best_fit"
     c.append({"name": "zephon_0_inline", "kind": "zephon", "workers": 0, "runner": "inline",
-              "params": {"algorithm": "best_fit", "runner": "thread"}})
+              "params": {"algorithm": algo, "runner": "thread"}})
     for w in (1, 2):
         for r in ("thread", "pool", "process"):
             c.append({"name": f"zephon_{w}_{r}", "kind": "zephon", "workers": w, "runner": r,
-                      "params": {"algorithm": "best_fit", "runner": r}})
+                      "params": {"algorithm": algo, "runner": r}})
+    if mode == "fetch":  # the captions tokenized and packed best-fit, their image bytes as payloads
+        for w, r in ((0, "inline"), (1, "thread"), (2, "thread")):
+            c.append({"name": f"zephon_packed_{w}_{r}", "kind": "zephon", "workers": w, "runner": r,
+                      "params": {"algorithm": "best_fit", "runner": "thread" if w == 0 else r, "packed": True}})
     return c
 
 
 def samples_in(kind: str, mode: str, b: dict) -> int:
     if kind == "zephon":
+        if mode == "fetch" and "valid" in b:  # a row per sample
+            return int(b["valid"].sum())
         if mode == "fetch":
             return sum(len(docs) for docs in b["image"])
         return int(b["image_mask"].sum())
@@ -285,7 +296,6 @@ def run_config(task: dict[str, Any]) -> dict[str, Any]:
     load_before = vc.load_now()
     holder: dict[str, Any] = {}
     counts: list[int] = []
-    digests: list[str] = []
     nbytes: list[int] = []
     if cfg["kind"] == "zephon":
         import zephon
@@ -299,19 +309,19 @@ def run_config(task: dict[str, Any]) -> dict[str, Any]:
             want = (BATCH, 3, SIZE, SIZE) if cfg["kind"] == "zephon" else (BATCH, SIZE, SIZE, 3)
             if str(x.dtype) != "torch.uint8" or tuple(x.shape) != want:
                 raise AssertionError(f"pixels are {x.dtype} {tuple(x.shape)}, expected uint8 {want}")
-        elif cfg["kind"] != "zephon":
+        elif cfg["kind"] != "zephon" or "valid" in b:
             if len(b["image"]) != BATCH or not isinstance(b["image"][0], (bytes, bytearray, memoryview)):
                 raise AssertionError(f"batch of {len(b['image'])} {type(b['image'][0]).__name__}, expected {BATCH} bytes")
 
     def on_batch(run: int, i: int, b: dict) -> None:
         counts.append(samples_in(cfg["kind"], mode, b))
         if i < 3 and mode == "fetch":
-            imgs = b["image"] if cfg["kind"] != "zephon" else [x for docs in b["image"] for x in docs]
+            imgs = b["image"] if cfg["kind"] != "zephon" or "valid" in b else [x for docs in b["image"] for x in docs]
             nbytes.append(sum(len(x) for x in imgs))
-        if cfg["kind"] == "zephon":
-            digests.append(zephon.batch_digest(b))
 
-    res = measure_stream(make, task["steps"], task["warmup"], task["repeats"], 1, check=check, on_batch=on_batch)
+    res = measure_stream(make, task["steps"], task["warmup"], task["repeats"], 1, check=check, on_batch=on_batch,
+                         digest=zephon.batch_digest if cfg["kind"] == "zephon" else None)
+    digests = res.pop("digests_by_run")[0]
     w0, s = max(1, task["warmup"]), task["steps"]
     per_s = [sum(counts[w0 + k * s:w0 + (k + 1) * s]) / w["seconds"] for k, w in enumerate(res["runs"])]
     res.update(samples_per_s=statistics.median(per_s), samples_per_s_windows=per_s,
@@ -364,7 +374,8 @@ def round_ratios(per_cfg: dict[str, list[dict]], rounds: int) -> list[str]:
         return rr[r]["samples_per_s"] if r < len(rr) and rr[r].get("ok") else None
 
     def best(prefix: str, w: int, r: int) -> float | None:
-        vals = [val(n, r) for n in per_cfg if n.startswith(prefix) and per_cfg[n][0]["_workers"] == w]
+        vals = [val(n, r) for n in per_cfg if n.startswith(prefix) and per_cfg[n][0]["_workers"] == w
+                and not n.startswith("zephon_packed_")]  # the targets compare the same work
         vals = [v for v in vals if v]
         return max(vals) if vals else None
 
@@ -415,7 +426,7 @@ def main(argv: list[str] | None = None) -> int:
     for k, v in DEFAULTS[args.mode].items():
         if getattr(args, k) is None:
             setattr(args, k, v)
-    cfgs = configs()
+    cfgs = configs(args.mode)
     if args.profile:
         from _common import apply_single_thread_env
 

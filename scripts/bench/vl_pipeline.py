@@ -195,7 +195,6 @@ def run_config(task: dict[str, Any]) -> dict[str, Any]:
     load_before = vc.load_now()
     imgs: list[int] = []
     toks: list[int] = []
-    digests: list[str] = []
     shapes: dict[str, Any] = {}
     if cfg["kind"] == "zephon":
         import zephon
@@ -213,11 +212,11 @@ def run_config(task: dict[str, Any]) -> dict[str, Any]:
         n, t = counts(cfg["kind"], b)
         imgs.append(n)
         toks.append(t)
-        if cfg["kind"] == "zephon":
-            digests.append(zephon.batch_digest(b))
 
     res = measure_stream(make, task["steps"] * (4 if cfg["kind"] == "decoder_alone" else 1),
-                         task["warmup"], task["repeats"], 1, check=check, on_batch=on_batch)
+                         task["warmup"], task["repeats"], 1, check=check, on_batch=on_batch,
+                         digest=zephon.batch_digest if cfg["kind"] == "zephon" else None)
+    digests = res.pop("digests_by_run")[0]
     w0 = max(1, task["warmup"])
     s = task["steps"] * (4 if cfg["kind"] == "decoder_alone" else 1)
     ips = [sum(imgs[w0 + k * s:w0 + (k + 1) * s]) / w["seconds"] for k, w in enumerate(res["runs"])]

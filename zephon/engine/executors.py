@@ -23,6 +23,7 @@ from typing import Any, Protocol
 
 from ..worker_guard import Trainer, exit_with, this_process
 from .stages import StageProgram
+from .transfer import owner_name, receive, remove_leftovers, share
 
 EXECUTOR_KINDS = ("inline", "thread", "process", "ray")
 
@@ -105,35 +106,41 @@ POOL_DEATH = ("a Zephon worker process died without reporting an error, at start
               "see dmesg). " + MAIN_GUARD_HINT)
 
 _PROGRAM: StageProgram | None = None  # this pool process's program
+_OWNER = ""  # the trainer's process and pool this worker works for: names its result files (zephon.engine.transfer)
 
 
-def _pool_init(program: StageProgram, trainer: Trainer) -> None:
+def _pool_init(program: StageProgram, trainer: Trainer, owner: str) -> None:
     """Pool process start-up: exit with the trainer; readers and tokenizers built once per process."""
-    global _PROGRAM
+    global _PROGRAM, _OWNER
     exit_with(trainer)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    _PROGRAM = program
+    _PROGRAM, _OWNER = program, owner
     program.setup()
 
 
 def _pool_run(source: int, stage: int, item: Any) -> Any:
     assert _PROGRAM is not None, "worker process was not initialised"
-    return _PROGRAM.run(source, stage, item)
+    return share(_PROGRAM.run(source, stage, item), _OWNER)  # large values through shared memory
 
 
 class _PoolHandle:
     """A pool future whose ``result()`` turns a dead pool into an error that says what to do."""
 
-    __slots__ = ("_future",)
+    __slots__ = ("_future", "_taken")
 
     def __init__(self, future: Future) -> None:
         self._future = future
+        self._taken = False
 
     def result(self) -> Any:
         try:
-            return self._future.result()
+            out = self._future.result()
         except BrokenProcessPool as exc:
             raise RuntimeError(POOL_DEATH) from exc
+        if self._taken:
+            raise RuntimeError("a pool task's result was asked for twice; its shared-memory file is gone")
+        self._taken = True
+        return receive(out)
 
 
 def check_picklable(program: StageProgram) -> None:
@@ -159,8 +166,11 @@ class ProcessExecutor:
             raise ValueError(f"a process executor needs num_workers >= 1, got {num_workers}")
         check_picklable(program)
         self.program, self.num_workers = program, num_workers
+        remove_leftovers()  # result files of trainers that died before reading them
+        self._owner = owner_name(os.getpid())
         self._pool: ProcessPoolExecutor | None = ProcessPoolExecutor(
-            num_workers, mp_context=start_worker_server(), initializer=_pool_init, initargs=(program, this_process()))
+            num_workers, mp_context=start_worker_server(), initializer=_pool_init,
+            initargs=(program, this_process(), self._owner))
 
     def submit(self, source: int, stage: int, item: Any) -> Handle:
         assert self._pool is not None, "executor is closed"
@@ -173,6 +183,7 @@ class ProcessExecutor:
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
             self._pool = None
+            remove_leftovers(self._owner)  # results the pool wrote that were never asked for
 
 
 def make_executor(kind: str, program: StageProgram, num_workers: int, **options: Any) -> Executor:

@@ -27,6 +27,7 @@ from .executors import MAIN_GUARD_HINT, Executor, ThreadExecutor, check_picklabl
 from .executors import InlineExecutor
 from .lane import Lane, LaneProgram, replay_with_events, row_digest, since_digest
 from .processes import start_worker_server
+from .transfer import discard, owner_name, receive, remove_leftovers, share
 
 
 class LocalLanes:
@@ -78,7 +79,7 @@ class LocalLanes:
 
 
 def _lane_worker(pipeline: Any, lanes: list[int], states: dict[int, dict], out: Any, stop: Any,
-                 trainer: Trainer, events: list | None = None) -> None:
+                 trainer: Trainer, events: list | None = None, owner: str = "") -> None:
     """Worker process: run ``lanes`` step after step, putting one message per step on ``out``: for each of
     its lanes, in order, (lane, rows, state, counters). One message per step rather than per lane: the
     trainer's process pays a queue read (lock, pipe read, unpickle) per message. Exits when ``trainer``
@@ -104,13 +105,15 @@ def _lane_worker(pipeline: Any, lanes: list[int], states: dict[int, dict], out: 
         for node in nodes:
             node.prime()
         while not stop.is_set():
-            item = ("step", [(node.lane, next(node), node.get_state(), asdict(node.counters)) for node in nodes])
+            item = ("step", share([(node.lane, next(node), node.get_state(), asdict(node.counters))
+                                   for node in nodes], owner))
             while True:
                 try:
                     out.put(item, timeout=0.2)
                     break
                 except queue.Full:
                     if stop.is_set():
+                        discard(item[1])
                         return
     except BaseException as exc:  # hand the error to the host, which raises it in the trainer
         try:
@@ -146,6 +149,8 @@ class ProcessLanes:
         self.prefetch = max(1, prefetch)
         check_picklable(program.stages)
         self._ctx = start_worker_server()
+        remove_leftovers()  # result files of trainers that died before reading them
+        self._owner = owner_name(os.getpid())
         self._procs: list[Any] = []
         self._states: dict[int, dict] = {}
         self._counters: dict[int, LaneCounters] = {lane: LaneCounters() for lane in self.lanes}
@@ -165,7 +170,7 @@ class ProcessLanes:
             q = self._ctx.Queue(maxsize=self.prefetch)  # steps ahead
             proc = self._ctx.Process(target=_lane_worker, name=f"zephon-lanes-{k}", daemon=True,
                                      args=(self.pipeline, mine, {x: self._states[x] for x in mine if x in self._states},
-                                           q, self._stop, this_process(), list(self.events)))
+                                           q, self._stop, this_process(), list(self.events), self._owner))
             proc.start()
             self._queues.append(q)
             self._procs.append(proc)
@@ -189,15 +194,16 @@ class ProcessLanes:
                 _, exc, tb = item
                 self.close()
                 raise exc from RuntimeError(f"in a Zephon lane worker:\n{tb}")
-            steps.append(iter(item[1]))
+            steps.append(iter(receive(item[1])))
         rows_per_lane = []
         for i, lane in enumerate(self.lanes):  # worker k holds lanes[k::num_workers], in order
             got, rows, state, counters = next(steps[i % self.num_workers])
             assert got == lane, f"lane worker returned lane {got}, expected {lane}"
-            previous = self._states.get(lane)
-            since = self._since.get(lane, []) if previous and previous["sentinels"] == state["sentinels"] else []
-            since += [row_digest(r) for r in rows]
-            self._since[lane] = since[len(since) - state["rows_since_flush"]:] if state["rows_since_flush"] else []
+            if len(self.program.names) > 1:  # only a mixture intervention checks delivered rows (see Lane)
+                previous = self._states.get(lane)
+                since = self._since.get(lane, []) if previous and previous["sentinels"] == state["sentinels"] else []
+                since += [row_digest(r) for r in rows]
+                self._since[lane] = since[len(since) - state["rows_since_flush"]:] if state["rows_since_flush"] else []
             self._states[lane] = state
             self._counters[lane] = LaneCounters(**counters)
             rows_per_lane.append(rows)
@@ -229,7 +235,9 @@ class ProcessLanes:
         for q in self._queues:  # unblock workers waiting on a full queue
             try:
                 while True:
-                    q.get_nowait()
+                    item = q.get_nowait()
+                    if item[0] == "step":
+                        discard(item[1])
             except (queue.Empty, OSError, ValueError):
                 pass
         for proc in self._procs:
@@ -241,3 +249,4 @@ class ProcessLanes:
             q.close()
             q.cancel_join_thread()
         self._procs, self._queues = [], []
+        remove_leftovers(self._owner)  # steps the workers wrote that were never read

@@ -23,6 +23,7 @@ import numpy as np
 from torchdata.nodes import BaseNode
 
 from ..ops.base import LaneContext, call_factory
+from ..ops.record_rows import RecordRow
 from ..plan import WorkPlan
 from ..records import INPUT_IDS, Flush, Row
 from ..state.lane import LaneState, StateError, parse_lane_state
@@ -55,10 +56,13 @@ class LaneProgram:
     token_fields: dict[str, tuple[Any, Any]] = field(default_factory=dict)  # name -> (dtype, default)
     finite: bool = False  # some source stops after its passes: lanes end, the loader agrees on when
     partial: str = "drop"  # the last global batch some lanes cannot fill: "drop" it, or "pad" it
+    records: bool = False  # no pack(): a row is one record (zephon.ops.record_rows), seq_len is 1
 
-    def empty_row(self) -> Row:
+    def empty_row(self) -> Any:
         """A row of padding only: what an ended lane delivers until every lane has ended (or the batch is
         dropped); it has every per-token field the pipeline's rows have."""
+        if self.records:
+            return RecordRow(None)
         fields = self.token_fields or {INPUT_IDS: (np.int32, 0)}
         return Row(self.seq_len, {k: np.zeros(self.seq_len, dtype=dt) for k, (dt, _) in fields.items()})
 
@@ -99,7 +103,8 @@ class Lane(BaseNode[list[Row]]):
             for k in range(p.stages.n_stages(s)):
                 node = StageBuffer(node, self.executor_for(s, k), s, k, self.depth)
             streams.append(SourceStream(s, name, node, position, policy,
-                                        EmptySourceWatch(name, p.max_empty_units[s]), self._counters))
+                                        EmptySourceWatch(name, p.max_empty_units[s]), self._counters,
+                                        clock_per_record=p.records))
         self._streams = streams
         chain: BaseNode = MergeNode(call_factory(p.merge, ctx), streams, policy, state.sentinels, self._counters,
                                     clock)
@@ -130,6 +135,8 @@ class Lane(BaseNode[list[Row]]):
         self._received = self._state.clock[0]  # rows received from the chain since the lane began (C)
         self.ended = False  # the chain has no more rows: the lane delivers padding rows
         self._since_rows: list[bytes] = []  # digests of the rows since that sentinel (to check a replay)
+        # only a mixture intervention replays delivered rows to check them, and one source has no mixture
+        self._digest = row_digest if len(self.program.names) > 1 else None
         self._to_skip = self._state.rows_since_flush  # replay-and-skip, on the first next()
         self._taken_base = (0,) * len(self._streams)  # chunks taken by the sources at the last sentinel
 
@@ -150,7 +157,8 @@ class Lane(BaseNode[list[Row]]):
             if self.ended:
                 item = self.program.empty_row()
                 self._since += 1
-                self._since_rows.append(row_digest(item))
+                if self._digest is not None:
+                    self._since_rows.append(self._digest(item))
                 return item
             try:
                 item = next(self._rows)
@@ -175,7 +183,8 @@ class Lane(BaseNode[list[Row]]):
                 continue
             self._since += 1
             self._received += 1
-            self._since_rows.append(row_digest(item))
+            if self._digest is not None:
+                self._since_rows.append(self._digest(item))
             return item
 
     def skip_delivered(self) -> None:
@@ -217,6 +226,8 @@ class Lane(BaseNode[list[Row]]):
 def row_digest(row: Row) -> bytes:
     """A short digest of a packed row (its tokens and tail labels), to compare a replay with delivery
     (SHA-256: hardware-accelerated where blake2b is not, and this runs once per delivered row)."""
+    if type(row) is RecordRow:
+        return row.digest()
     h = hashlib.sha256(memoryview(row.tokens)[:row.fill])
     h.update(array.array("q", row.tails))
     return h.digest()[:16]

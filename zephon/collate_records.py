@@ -1,0 +1,66 @@
+"""Turn a rank's record rows (a pipeline without ``pack()``) into the batch dict.
+
+Keys: every field the records carry, one value per row in lane order, plus ``valid`` (bool ``[B]``:
+False on a row of padding, ``batch(partial="pad")``). A field named in ``batch(stack=[...])`` becomes
+one tensor (numpy ``stack`` of its values: every record must carry it, with one shape and dtype); every
+other field is a list (``None`` where a record lacks it). Which fields are tensors is the pipeline's
+choice, never the data's, so a field hashes the same on every world size
+(:func:`zephon.collate.global_digest`).
+
+Example: rows of ``{"image": <uint8 [224, 224, 3]>, "txt": "a cat"}`` and ``stack=["image"]`` give
+``{"image": uint8 [B, 224, 224, 3], "txt": ["a cat", ...], "valid": bool [B]}``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+
+from .ops.record_rows import RecordRow
+
+
+class CollateError(ValueError):
+    """A record that cannot be batched as the pipeline asks (a stacked field missing or of another shape)."""
+
+
+def collate_records(rows: Sequence[RecordRow], stack: Sequence[str] = ()) -> dict[str, Any]:
+    records = [row.record for row in rows]
+    real = [rec for rec in records if rec is not None]
+    keys = list(dict.fromkeys(k for rec in real for k in rec))
+    for name in stack:
+        if name not in keys and real:
+            raise CollateError(f"batch(stack=[{name!r}]): no record of this batch has a field {name!r} (fields: "
+                               f"{keys}); name one of them, or check the operator that should make it")
+    batch: dict[str, Any] = {}
+    for key in keys:
+        if key in stack:
+            batch[key] = torch.from_numpy(_stacked(key, records, real))
+        else:
+            batch[key] = [None if rec is None else rec.get(key) for rec in records]
+    batch["valid"] = torch.tensor([rec is not None for rec in records], dtype=torch.bool)
+    return batch
+
+
+def _stacked(key: str, records: list, real: list) -> np.ndarray:
+    try:
+        values = [np.asarray(rec[key]) for rec in real]
+    except KeyError:
+        raise CollateError(f"batch(stack=[{key!r}]): a record has no field {key!r}; every record must carry a "
+                           f"stacked field (drop the others with a filter, or leave {key!r} out of stack)") from None
+    first = values[0]
+    for v in values[1:]:
+        if v.shape != first.shape or v.dtype != first.dtype:
+            if object in (v.dtype, first.dtype):  # None among the values: a skipped image keeps its record's place
+                raise CollateError(f"batch(stack=[{key!r}]): a record's {key!r} holds None (an image that could not "
+                                   f"be decoded, kept in its place by decode_images(on_bad_image='skip')); drop such "
+                                   f"records with on_bad_image='drop_record', or leave {key!r} out of stack")
+            raise CollateError(f"batch(stack=[{key!r}]): records carry {key!r} as {first.dtype}{list(first.shape)} "
+                               f"and {v.dtype}{list(v.shape)}; a stacked field needs one shape and dtype (resize "
+                               f"images to one size, e.g. decode_images(size=...), or leave {key!r} out of stack)")
+    if len(real) == len(records):
+        return np.stack(values)
+    out = np.zeros((len(records), *first.shape), dtype=first.dtype)  # padding rows: zeros
+    out[[i for i, rec in enumerate(records) if rec is not None]] = np.stack(values)
+    return out
