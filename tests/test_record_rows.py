@@ -163,6 +163,20 @@ def test_stack_errors_name_the_field_and_the_fix(data, hf_tokenizer):
          .batch(rows_per_lane=1, pixels="fixed")).compile()
 
 
+def test_batches_that_no_one_rank_batch_could_hold_are_refused():
+    """A field named like the padding mask, non-numbers to stack, and lanes whose stacked shapes differ (one
+    rank's batch could hold them, the one-rank batch could not: the digest refuses rather than differ)."""
+    with pytest.raises(CollateError, match="padding mask"):
+        collate_records([RecordRow({"valid": 1})])
+    with pytest.raises(CollateError, match="not numbers"):
+        collate_records([RecordRow({"s": "a"}), RecordRow({"s": "b"})], stack=("s",))
+    r0 = collate_records([RecordRow({"x": np.zeros(3, np.int16)})], stack=("x",))
+    r1 = collate_records([RecordRow({"x": np.zeros(4, np.int16)})], stack=("x",))
+    with pytest.raises(ValueError, match="one dtype and row shape in every lane"):
+        global_digest([r0, r1])
+    assert global_digest([collate_records([RecordRow({"segment_ids": 1})]), {"valid": torch.ones(1, dtype=torch.bool)}])
+
+
 def test_padding_rows_stack_as_zeros_and_lists_as_none():
     rows = [RecordRow({"x": np.arange(3, dtype=np.int16), "s": "a"}), RecordRow(None),
             RecordRow({"x": np.arange(3, 6, dtype=np.int16), "s": "b"})]

@@ -1,24 +1,28 @@
-"""Worker results through shared memory (zephon/engine/transfer.py): the same objects, value for value,
-no file left behind by a loader closed mid-step, and none touched that belongs to another loader."""
+"""Worker results through shared memory (zephon/engine/transfer.py): the same objects, value for value;
+no file left behind by a loader closed mid-step, by results abandoned at a resume or by a dead trainer;
+nothing of another live loader's touched; the pipe whenever shared memory is missing, short or gone."""
 
 from __future__ import annotations
 
+import gc
 import glob
 import os
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
 
+import zephon as z
 from zephon.engine import transfer
-from zephon.engine.transfer import PREFIX, SHM_DIR, Shared, owner_name, receive, remove_leftovers, share
+from zephon.engine.transfer import PREFIX, SHM_DIR, Outbox, Shared, receive, remove_abandoned, share
 
 pytestmark = pytest.mark.skipif(not os.path.isdir(SHM_DIR), reason="no /dev/shm: results go through the pipe")
 
 
-def files(owner: str) -> list[str]:
-    return glob.glob(os.path.join(SHM_DIR, f"{PREFIX}{owner}-*"))
+def results_in(path: str) -> list[str]:
+    return [p for p in glob.glob(os.path.join(path, "*"))]
 
 
 def test_large_values_travel_out_of_band_and_come_back_equal():
@@ -28,62 +32,118 @@ def test_large_values_travel_out_of_band_and_come_back_equal():
            "pixels": [rng.integers(0, 255, (64, 48, 3), dtype=np.uint8) for _ in range(5)],
            "ids": np.arange(1000, dtype=np.int32)[::3],  # not contiguous: pickled in band
            "nested": ({"k": rng.bytes(5000)}, 7)}
-    owner = owner_name(os.getpid())
-    sent = share(obj, owner)
-    assert isinstance(sent, Shared) and len(files(owner)) == 1
+    box = Outbox()
+    sent = share(obj, box.path)
+    assert isinstance(sent, Shared) and len(results_in(box.path)) == 1
     assert len(sent.pickled) < 10_000  # the values are not in the pickle
     got = receive(sent)
-    assert files(owner) == []  # the name is gone as soon as the result is opened
+    assert results_in(box.path) == []  # the file is gone as soon as the result is opened
     assert got["image"] == obj["image"] and got["txt"] == obj["txt"] and got["nested"] == obj["nested"]
     assert all(type(b) is bytes for b in got["image"][:20])
     for a, b in zip(got["pixels"], obj["pixels"]):
         assert a.dtype == b.dtype and a.shape == b.shape and np.array_equal(a, b)
-    got["pixels"][0][0, 0, 0] ^= 1  # writable, privately
+    got["pixels"][0][0, 0, 0] ^= 1  # writable
     assert np.array_equal(got["ids"], obj["ids"])
+    box.close()
+    assert not os.path.exists(sent.path.rsplit("/", 1)[0])
 
 
-def test_small_results_go_through_the_pipe_unchanged():
-    obj = {"txt": ["a"] * 100, "image": [b"x" * 5000] * 3}
-    assert share(obj, owner_name(os.getpid())) is obj
-    assert receive(obj) is obj
-
-
-def test_leftovers_are_removed_by_owner_and_for_dead_trainers_only():
-    mine, other = owner_name(os.getpid()), owner_name(os.getpid())
+def test_the_pipe_when_small_short_of_room_or_without_an_outbox(monkeypatch):
+    box = Outbox()
+    small = {"txt": ["a"] * 100, "image": [b"x" * 5000] * 3}
+    assert share(small, box.path) is small and receive(small) is small
     big = {"v": [os.urandom(300_000)]}
-    a, b = share(big, mine), share(big, other)
-    assert remove_leftovers(mine) == 1 and files(mine) == [] and len(files(other)) == 1
-    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
-    ghost = owner_name(int(dead.stdout))
-    share(big, ghost)
-    remove_leftovers()  # trainers no longer running
-    assert files(ghost) == [] and len(files(other)) == 1
-    assert receive(b)["v"] == big["v"]
+    assert share(big, None) is big
+    monkeypatch.setattr(transfer, "HEADROOM", (1 << 62, 0.0))  # /dev/shm would be left too full
+    assert share(big, box.path) is big
+    monkeypatch.undo()
+    box.close()
+    assert share(big, box.path or "/dev/shm/zephon-xfer-gone") is big  # the outbox was removed: the pipe
+
+
+def test_closing_removes_unread_results_and_only_dead_trainers_outboxes_are_reaped():
+    mine, other = Outbox(), Outbox()
+    big = {"v": [os.urandom(300_000)]}
+    a, b = share(big, mine.path), share(big, other.path)
+    mine.close()
+    assert not os.path.exists(os.path.dirname(a.path)) and os.path.exists(b.path)
     with pytest.raises(RuntimeError, match="gone before it was read"):
         receive(a)
+    code = ("from zephon.engine.transfer import Outbox, share; import os; b = Outbox(); "
+            "share({'v': [os.urandom(300000)]}, b.path); print(b.path); os._exit(0)")  # dies without closing
+    dead = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+    assert len(results_in(dead)) == 1
+    assert remove_abandoned() >= 1
+    assert not os.path.exists(dead) and os.path.exists(b.path)  # a live outbox is locked: kept
+    assert receive(b)["v"] == big["v"]
+    other.close()
 
 
-def test_a_truncated_result_file_is_an_error_not_a_short_value(monkeypatch):
-    sent = share({"v": [os.urandom(300_000)]}, owner_name(os.getpid()))
+def test_a_truncated_result_file_is_an_error_not_a_short_value():
+    box = Outbox()
+    sent = share({"v": [os.urandom(300_000)]}, box.path)
     os.truncate(sent.path, 1000)
     with pytest.raises(RuntimeError, match="holds 1000 bytes"):
         receive(sent)
-    monkeypatch.setattr(transfer, "SHM_DIR", "/no/such/dir")
-    obj = {"v": [os.urandom(300_000)]}
-    assert share(obj, "1-x") is obj  # no shared memory: the pipe
+    box.close()
+
+
+def _pipe() -> z.Pipeline:
+    recs = [{"blob": bytes([i % 251]) * 40_000, "n": i} for i in range(400)]
+    return (z.Pipeline(seed=1, lanes=4, flush_every=2)
+            .source("m", z.read.records(recs, columns=["blob", "n"], chunk_rows=16)).batch(rows_per_lane=4))
+
+
+def _outboxes() -> set[str]:
+    return set(glob.glob(os.path.join(SHM_DIR, PREFIX + "*")))
 
 
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("runner", ["pool", "process"])
-def test_a_loader_closed_mid_step_leaves_no_files(runner):
-    import zephon as z
-
-    recs = [{"blob": bytes([i % 251]) * 40_000, "n": i} for i in range(400)]
-    pipe = z.Pipeline(seed=1, lanes=4).source("m", z.read.records(recs, columns=["blob", "n"], chunk_rows=16)).batch(rows_per_lane=4)
-    ref = [b["blob"] for _, b in zip(range(3), pipe.build(rank=0, world_size=1))]
+def test_loaders_leave_no_files_closed_mid_step_or_resumed(runner):
+    pipe = _pipe()
+    ref = [b["blob"] for _, b in zip(range(6), pipe.build(rank=0, world_size=1))]
+    before = _outboxes()
     loader = pipe.build(rank=0, world_size=1, num_workers=2, runner=runner)
     it = iter(loader)
-    got = [next(it)["blob"] for _ in range(3)]
-    assert got == ref
+    assert [next(it)["blob"] for _ in range(3)] == ref[:3]
+    state = loader.state_dict()
+    (box,) = _outboxes() - before
+    for _ in range(4):  # each resume abandons the results in flight: their files go when they arrive
+        loader.load_state_dict(state)
+        assert next(iter(loader))["blob"] == ref[3]
+    gc.collect()
+    time.sleep(1.0)
+    live = max((len(results_in(d)) for d in _outboxes() - before), default=0)
+    assert live <= 4 * 2 * 2, live  # lanes x chunks in flight x stages, not growing with every resume
     loader.close()
-    assert glob.glob(os.path.join(SHM_DIR, f"{PREFIX}{os.getpid()}-*")) == []
+    assert _outboxes() - before == set()
+
+
+@pytest.mark.timeout(300)
+def test_lane_workers_that_fail_mid_step_refuse_to_go_on(monkeypatch):
+    from zephon.engine import hosts
+
+    pipe = _pipe()
+    ref = [b["blob"] for _, b in zip(range(4), pipe.build(rank=0, world_size=1))]
+    loader = pipe.build(rank=0, world_size=1, num_workers=2, runner="process")
+    assert next(loader)["blob"] == ref[0]
+    state = loader.state_dict()
+    calls = {"n": 0}
+    real = hosts.receive
+
+    def second_fails(result):
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise RuntimeError("simulated: a result file vanished")
+        return real(result)
+
+    monkeypatch.setattr(hosts, "receive", second_fails)
+    with pytest.raises(RuntimeError, match="simulated"):
+        next(loader)
+    with pytest.raises(RuntimeError, match="stopped in the middle of a step"):
+        next(loader)  # never a silently shifted step
+    monkeypatch.setattr(hosts, "receive", real)
+    loader.load_state_dict(state)
+    assert [next(loader)["blob"] for _ in range(3)] == ref[1:4]
+    loader.close()

@@ -138,6 +138,11 @@ def global_digest(rank_batches: Sequence[Mapping[str, object]]) -> str:
         elif key == "position_ids" and isinstance(parts[0], torch.Tensor) and parts[0].dim() == 3:  # mrope [3, B, S]: the batch dimension is 1
             parts = [p.transpose(0, 1) for p in parts]
         if isinstance(parts[0], torch.Tensor):
+            if any(not isinstance(p, torch.Tensor) or p.dtype != parts[0].dtype or p.shape[1:] != parts[0].shape[1:]
+                   for p in parts):  # the one-rank batch could not hold them: its digest would not exist
+                raise ValueError(f"global_digest: the rank batches' {key!r} differ in dtype or shape beyond the "
+                                 f"first dimension ({[(str(getattr(p, 'dtype', type(p))), tuple(getattr(p, 'shape', ()))) for p in parts]}); "
+                                 f"a batch key must have one dtype and row shape in every lane")
             rows = sum(int(p.shape[0]) for p in parts)
             h.update(f"{key}:{parts[0].dtype}:{rows}x{tuple(parts[0].shape[1:])};".encode())
             for p in parts:
@@ -155,7 +160,7 @@ def _no_payload(batch: Mapping[str, object]) -> list[list[None]]:
     document of each row (a rank whose rows hold only padding, at the end of finite data, has no payload
     field at all, but the one-rank batch holding the same rows has it). A batch of record rows
     (:mod:`zephon.collate_records`): ``None`` per row."""
-    if "segment_ids" not in batch:
+    if "input_ids" not in batch:  # record rows (a record field may have any name, segment_ids included)
         return [None] * len(batch["valid"])
     docs = batch["segment_ids"].amax(dim=1).tolist() if len(batch["segment_ids"]) else []
     return [[None] * int(n) for n in docs]

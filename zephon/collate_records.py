@@ -20,6 +20,8 @@ import torch
 
 from .ops.record_rows import RecordRow
 
+VALID = "valid"  # the padding mask's key
+
 
 class CollateError(ValueError):
     """A record that cannot be batched as the pipeline asks (a stacked field missing or of another shape)."""
@@ -29,6 +31,9 @@ def collate_records(rows: Sequence[RecordRow], stack: Sequence[str] = ()) -> dic
     records = [row.record for row in rows]
     real = [rec for rec in records if rec is not None]
     keys = list(dict.fromkeys(k for rec in real for k in rec))
+    if VALID in keys:
+        raise CollateError(f"a record has a field {VALID!r}, which the batch uses for its padding mask; rename it "
+                           f"with a map() before batch()")
     for name in stack:
         if name not in keys and real:
             raise CollateError(f"batch(stack=[{name!r}]): no record of this batch has a field {name!r} (fields: "
@@ -39,7 +44,7 @@ def collate_records(rows: Sequence[RecordRow], stack: Sequence[str] = ()) -> dic
             batch[key] = torch.from_numpy(_stacked(key, records, real))
         else:
             batch[key] = [None if rec is None else rec.get(key) for rec in records]
-    batch["valid"] = torch.tensor([rec is not None for rec in records], dtype=torch.bool)
+    batch[VALID] = torch.tensor([rec is not None for rec in records], dtype=torch.bool)
     return batch
 
 
@@ -50,6 +55,10 @@ def _stacked(key: str, records: list, real: list) -> np.ndarray:
         raise CollateError(f"batch(stack=[{key!r}]): a record has no field {key!r}; every record must carry a "
                            f"stacked field (drop the others with a filter, or leave {key!r} out of stack)") from None
     first = values[0]
+    if first.dtype.kind not in "biufc":
+        raise CollateError(f"batch(stack=[{key!r}]): records carry {key!r} as {type(real[0][key]).__name__} "
+                           f"({first.dtype}), not numbers; only numeric arrays and scalars stack into a tensor "
+                           f"(leave {key!r} out of stack to get a list)")
     for v in values[1:]:
         if v.shape != first.shape or v.dtype != first.dtype:
             if object in (v.dtype, first.dtype):  # None among the values: a skipped image keeps its record's place

@@ -317,13 +317,13 @@ def measure_stream(make: Callable[[], tuple[Iterable, Callable[[], None]]], step
                 extra = after_window(run) if after_window else {}
                 windows.append({"run": run, "window": w, "seconds": sec, "tokens": steps * tokens_per_batch,
                                 "tokens_per_s": steps * tokens_per_batch / sec, **extra})
-            total = timer.elapsed()
-            for _ in range(tail):
+            total, timed_batches = timer.elapsed(), index
+            for _ in range(tail):  # for their digests only: outside every figure
                 take()
         finally:
             close()
-        pipelines.append({"first_batch_s": first, "batches": index, "seconds_total": total,
-                          "tokens_per_s_incl_startup": index * tokens_per_batch / total,
+        pipelines.append({"first_batch_s": first, "batches": timed_batches, "seconds_total": total,
+                          "tokens_per_s_incl_startup": timed_batches * tokens_per_batch / total,
                           "excluded_s": timer.excluded, "trace": trace})
     return {"runs": windows, "pipelines": pipelines, "digests_by_run": digests_by_run,
             "tokens_per_s": statistics.median(w["tokens_per_s"] for w in windows),

@@ -23,7 +23,7 @@ from typing import Any, Protocol
 
 from ..worker_guard import Trainer, exit_with, this_process
 from .stages import StageProgram
-from .transfer import owner_name, receive, remove_leftovers, share
+from .transfer import Outbox, discard, receive, share
 
 EXECUTOR_KINDS = ("inline", "thread", "process", "ray")
 
@@ -106,21 +106,21 @@ POOL_DEATH = ("a Zephon worker process died without reporting an error, at start
               "see dmesg). " + MAIN_GUARD_HINT)
 
 _PROGRAM: StageProgram | None = None  # this pool process's program
-_OWNER = ""  # the trainer's process and pool this worker works for: names its result files (zephon.engine.transfer)
+_OUTBOX: str | None = None  # where this worker writes its large results (zephon.engine.transfer)
 
 
-def _pool_init(program: StageProgram, trainer: Trainer, owner: str) -> None:
+def _pool_init(program: StageProgram, trainer: Trainer, outbox: str | None) -> None:
     """Pool process start-up: exit with the trainer; readers and tokenizers built once per process."""
-    global _PROGRAM, _OWNER
+    global _PROGRAM, _OUTBOX
     exit_with(trainer)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    _PROGRAM, _OWNER = program, owner
+    _PROGRAM, _OUTBOX = program, outbox
     program.setup()
 
 
 def _pool_run(source: int, stage: int, item: Any) -> Any:
     assert _PROGRAM is not None, "worker process was not initialised"
-    return share(_PROGRAM.run(source, stage, item), _OWNER)  # large values through shared memory
+    return share(_PROGRAM.run(source, stage, item), _OUTBOX)  # large values through shared memory
 
 
 class _PoolHandle:
@@ -141,6 +141,15 @@ class _PoolHandle:
             raise RuntimeError("a pool task's result was asked for twice; its shared-memory file is gone")
         self._taken = True
         return receive(out)
+
+    def __del__(self) -> None:  # abandoned (a resume, an intervention, a loader dropped): its file goes now
+        if not self._taken:
+            self._future.add_done_callback(_discard_result)
+
+
+def _discard_result(future: Future) -> None:
+    if not future.cancelled() and future.exception() is None:
+        discard(future.result())
 
 
 def check_picklable(program: StageProgram) -> None:
@@ -166,11 +175,10 @@ class ProcessExecutor:
             raise ValueError(f"a process executor needs num_workers >= 1, got {num_workers}")
         check_picklable(program)
         self.program, self.num_workers = program, num_workers
-        remove_leftovers()  # result files of trainers that died before reading them
-        self._owner = owner_name(os.getpid())
+        self._outbox = Outbox()
         self._pool: ProcessPoolExecutor | None = ProcessPoolExecutor(
             num_workers, mp_context=start_worker_server(), initializer=_pool_init,
-            initargs=(program, this_process(), self._owner))
+            initargs=(program, this_process(), self._outbox.path))
 
     def submit(self, source: int, stage: int, item: Any) -> Handle:
         assert self._pool is not None, "executor is closed"
@@ -183,7 +191,7 @@ class ProcessExecutor:
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
             self._pool = None
-            remove_leftovers(self._owner)  # results the pool wrote that were never asked for
+            self._outbox.close()  # with the results the pool wrote that were never asked for
 
 
 def make_executor(kind: str, program: StageProgram, num_workers: int, **options: Any) -> Executor:

@@ -27,7 +27,7 @@ from .executors import MAIN_GUARD_HINT, Executor, ThreadExecutor, check_picklabl
 from .executors import InlineExecutor
 from .lane import Lane, LaneProgram, replay_with_events, row_digest, since_digest
 from .processes import start_worker_server
-from .transfer import discard, owner_name, receive, remove_leftovers, share
+from .transfer import Outbox, discard, receive, share
 
 
 class LocalLanes:
@@ -79,7 +79,7 @@ class LocalLanes:
 
 
 def _lane_worker(pipeline: Any, lanes: list[int], states: dict[int, dict], out: Any, stop: Any,
-                 trainer: Trainer, events: list | None = None, owner: str = "") -> None:
+                 trainer: Trainer, events: list | None = None, outbox: str | None = None) -> None:
     """Worker process: run ``lanes`` step after step, putting one message per step on ``out``: for each of
     its lanes, in order, (lane, rows, state, counters). One message per step rather than per lane: the
     trainer's process pays a queue read (lock, pipe read, unpickle) per message. Exits when ``trainer``
@@ -106,7 +106,7 @@ def _lane_worker(pipeline: Any, lanes: list[int], states: dict[int, dict], out: 
             node.prime()
         while not stop.is_set():
             item = ("step", share([(node.lane, next(node), node.get_state(), asdict(node.counters))
-                                   for node in nodes], owner))
+                                   for node in nodes], outbox))
             while True:
                 try:
                     out.put(item, timeout=0.2)
@@ -149,13 +149,14 @@ class ProcessLanes:
         self.prefetch = max(1, prefetch)
         check_picklable(program.stages)
         self._ctx = start_worker_server()
-        remove_leftovers()  # result files of trainers that died before reading them
-        self._owner = owner_name(os.getpid())
+        self._outbox: Outbox | None = None
+        self._failed: str | None = None  # why the workers stopped mid-step: the host cannot go on
         self._procs: list[Any] = []
         self._states: dict[int, dict] = {}
         self._counters: dict[int, LaneCounters] = {lane: LaneCounters() for lane in self.lanes}
 
     def reset(self, states: dict[int, LaneState]) -> None:
+        self._failed = None
         self._start({k: v.to_dict() for k, v in states.items()})
         self._since = {}
 
@@ -164,13 +165,14 @@ class ProcessLanes:
         self._states = dict(states)
         self._counters = {lane: LaneCounters() for lane in self.lanes}
         self._stop = self._ctx.Event()
+        self._outbox = Outbox()
         self._queues, self._procs = [], []
         for k in range(self.num_workers):
             mine = self.lanes[k::self.num_workers]
             q = self._ctx.Queue(maxsize=self.prefetch)  # steps ahead
             proc = self._ctx.Process(target=_lane_worker, name=f"zephon-lanes-{k}", daemon=True,
                                      args=(self.pipeline, mine, {x: self._states[x] for x in mine if x in self._states},
-                                           q, self._stop, this_process(), list(self.events), self._owner))
+                                           q, self._stop, this_process(), list(self.events), self._outbox.path))
             proc.start()
             self._queues.append(q)
             self._procs.append(proc)
@@ -185,16 +187,30 @@ class ProcessLanes:
                     raise RuntimeError(_worker_death(k, proc.pid, proc.exitcode)) from None
 
     def next_step(self) -> list[list[Row]]:
-        if not self._procs:
-            self.reset({})
-        steps = []
-        for k in range(self.num_workers):
-            item = self._get(k)
-            if item[0] == "error":
-                _, exc, tb = item
-                self.close()
-                raise exc from RuntimeError(f"in a Zephon lane worker:\n{tb}")
-            steps.append(iter(receive(item[1])))
+        if self._failed is not None:
+            raise RuntimeError(f"the lane workers stopped in the middle of a step ({self._failed}); rebuild the "
+                               f"loader, or load a checkpoint state into it") from None
+        if not self._procs:  # first use, or after close(): from the states of the steps delivered so far
+            self._start(self._states)
+        items: list[tuple] = []
+        try:
+            for k in range(self.num_workers):
+                items.append(self._get(k))
+            for item in items:
+                if item[0] == "error":
+                    _, exc, tb = item
+                    raise exc from RuntimeError(f"in a Zephon lane worker:\n{tb}")
+            steps = [iter(receive(item[1])) for item in items]
+        except BaseException as exc:
+            if not items:  # nothing of this step was taken yet (e.g. interrupted while waiting): it can still be had
+                raise
+            # some workers' parts of this step are consumed: this step cannot be had any more
+            self._failed = f"{type(exc).__name__}: {exc}"
+            for item in items:
+                if item[0] == "step":
+                    discard(item[1])
+            self.close()
+            raise
         rows_per_lane = []
         for i, lane in enumerate(self.lanes):  # worker k holds lanes[k::num_workers], in order
             got, rows, state, counters = next(steps[i % self.num_workers])
@@ -249,4 +265,5 @@ class ProcessLanes:
             q.close()
             q.cancel_join_thread()
         self._procs, self._queues = [], []
-        remove_leftovers(self._owner)  # steps the workers wrote that were never read
+        if self._outbox is not None:
+            self._outbox.close()  # with the steps the workers wrote that were never read

@@ -5,35 +5,104 @@ arrays. Sent as a plain pickle through a pool's or a queue's pipe, every value i
 (pickled, written, read, unpickled), two of them in the trainer's process. Instead, the worker pickles
 the result with its large values *out of band*: numpy arrays as pickle-5 buffers and long ``bytes`` as
 persistent references, all written with one ``pwritev`` into a file in shared memory (``/dev/shm``);
-only the small pickle goes through the pipe. The trainer's process opens the file and removes its name
-at once: arrays are views of a copy-on-write mapping of it (no copy; writable, privately), and each long
-``bytes`` value is read from it with one ``pread`` (one copy; operators and batches see the same types as
-with threads). The result is the same object, value for value: the runner never changes a batch.
+only the small pickle goes through the pipe. The trainer's process opens the file, removes it at once
+and reads each value with one ``pread`` (one copy; arrays own their memory, so nothing keeps the file's
+pages). The result is the same object, value for value: the runner never changes a batch.
 
-Files are named after the trainer's process and the pool or lane host that wrote them
-(``zephon-xfer-<trainer pid>-<owner>-...``, :func:`owner_name`), so that closing one removes what its
-workers wrote and the trainer never received (a loader closed mid-step), without touching another
-loader's, and starting one removes what trainers no longer running left behind. Without ``/dev/shm``, or for small results, the pickle goes
-through the pipe as before.
+Each pool or lane host has an :class:`Outbox`: a private directory (mode 0700) in ``/dev/shm`` that its
+workers write into, locked (``flock``) by the trainer's process for as long as it lives. Closing the
+owner removes the directory with whatever was never read (a loader closed mid-step, results abandoned at
+a resume); so does the owner's garbage collection or the interpreter's exit; and any new outbox removes
+the directories whose lock nobody holds (their trainer died). A result that would leave ``/dev/shm``
+with less than :data:`HEADROOM` free, or whose write fails, goes through the pipe as before; so does
+everything where there is no ``/dev/shm``.
 """
 
 from __future__ import annotations
 
+import fcntl
 import glob
 import io
 import itertools
-import mmap
 import os
 import pickle
+import shutil
+import tempfile
+import time
+import weakref
 from dataclasses import dataclass
 from typing import Any
 
 SHM_DIR = "/dev/shm"
 PREFIX = "zephon-xfer-"
+LOCK = ".lock"
 MIN_SHARED_BYTES = 256 << 10  # a result with fewer out-of-band bytes goes through the pipe as it is
 MIN_VALUE_BYTES = 4096  # bytes values from this size on travel out of band
-ALIGN = 64  # where each out-of-band value starts in the file (arrays keep SIMD-friendly alignment)
+HEADROOM = (64 << 20, 0.25)  # leave at least this much of /dev/shm free (bytes, fraction): others need it too
+ALIGN = 64  # where each out-of-band value starts in the file
+STALE_UNLOCKED_S = 60.0  # an outbox without its lock file yet is being created, unless older than this
 _counter = itertools.count()
+
+
+class Outbox:
+    """A private, locked directory in ``/dev/shm`` for one pool's or lane host's results (see the module
+    docstring). ``path`` is None where there is no ``/dev/shm`` (results then go through the pipe)."""
+
+    def __init__(self) -> None:
+        self.path: str | None = None
+        if not os.path.isdir(SHM_DIR):
+            return
+        remove_abandoned()
+        try:
+            path = tempfile.mkdtemp(prefix=PREFIX, dir=SHM_DIR)  # mode 0700: nobody else can name a file in it
+            fd = os.open(os.path.join(path, LOCK), os.O_CREAT | os.O_RDWR, 0o600)
+            fcntl.flock(fd, fcntl.LOCK_EX)  # held while this process lives (nobody else ever asks for it blocking)
+        except OSError:
+            return
+        self.path = path
+        self._finalizer = weakref.finalize(self, _remove_outbox, path, fd)
+
+    def close(self) -> None:
+        """Remove the directory and every result in it that was never read."""
+        if self.path is not None:
+            self._finalizer()
+            self.path = None
+
+
+def _remove_outbox(path: str, lock_fd: int) -> None:
+    shutil.rmtree(path, ignore_errors=True)
+    try:
+        os.close(lock_fd)
+    except OSError:
+        pass
+
+
+def remove_abandoned() -> int:
+    """Remove the outboxes whose lock nobody holds: their trainer is gone. Returns how many."""
+    removed = 0
+    for path in glob.glob(os.path.join(SHM_DIR, PREFIX + "*")):
+        lock = os.path.join(path, LOCK)
+        try:
+            fd = os.open(lock, os.O_RDWR)
+        except FileNotFoundError:  # being created, or a crash between mkdtemp and the lock: wait a while
+            try:
+                if time.time() - os.stat(path).st_mtime > STALE_UNLOCKED_S:
+                    shutil.rmtree(path, ignore_errors=True)
+                    removed += 1
+            except OSError:
+                pass
+            continue
+        except OSError:  # another user's, or not ours to judge
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:  # held: its trainer is alive
+            os.close(fd)
+            continue
+        shutil.rmtree(path, ignore_errors=True)
+        os.close(fd)
+        removed += 1
+    return removed
 
 
 @dataclass(frozen=True)
@@ -70,20 +139,26 @@ class _Unpickler(pickle.Unpickler):
         return self._values[pid]
 
 
-def owner_name(trainer_pid: int) -> str:
-    """A fresh name for the result files of one pool or lane host working for ``trainer_pid``."""
-    return f"{trainer_pid}-{os.urandom(4).hex()}"
+def _room_for(nbytes: int) -> bool:
+    try:
+        st = os.statvfs(SHM_DIR)
+    except OSError:
+        return False
+    total, free = st.f_blocks * st.f_frsize, st.f_bavail * st.f_frsize
+    return free - nbytes >= max(HEADROOM[0], HEADROOM[1] * total)
 
 
-def share(obj: Any, owner: str) -> Any:
-    """In a worker: ``obj`` as a :class:`Shared` if its large values are worth a file, else ``obj``."""
-    if not os.path.isdir(SHM_DIR):
+def share(obj: Any, outbox: str | None) -> Any:
+    """In a worker: ``obj`` as a :class:`Shared` written into the ``outbox`` directory if its large values
+    are worth a file and ``/dev/shm`` has room, else ``obj`` itself (the pipe)."""
+    if not outbox:
         return obj
     stream, buffers = io.BytesIO(), []
     pickler = _Pickler(stream, buffers)
     pickler.dump(obj)
     views = [b.raw() for b in buffers] + [memoryview(v) for v in pickler.values]
-    if sum(v.nbytes for v in views) < MIN_SHARED_BYTES:
+    nbytes = sum(v.nbytes for v in views)
+    if nbytes < MIN_SHARED_BYTES or not _room_for(nbytes):
         return obj
     spans, parts, at = [], [], 0
     for v in views:
@@ -94,19 +169,21 @@ def share(obj: Any, owner: str) -> Any:
         spans.append((at, v.nbytes))
         parts.append(v)
         at += v.nbytes
-    path = os.path.join(SHM_DIR, f"{PREFIX}{owner}-{os.getpid()}-{next(_counter)}")
-    fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+    path = os.path.join(outbox, f"{os.getpid()}-{next(_counter)}")
     try:
-        os.ftruncate(fd, max(at, 1))
+        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
+    except OSError:  # the outbox is gone (its owner closed) or unusable: the pipe
+        return obj
+    try:
         written = 0
         for k in range(0, len(parts), 512):  # IOV_MAX is 1024 on Linux
             written += os.pwritev(fd, parts[k:k + 512], written)
         if written != at:
-            raise OSError(f"wrote {written} of {at} bytes to {path} (is {SHM_DIR} full?)")
-    except BaseException:
+            raise OSError(f"short write: {written} of {at} bytes")
+    except OSError:  # /dev/shm full after all: the pipe
         os.close(fd)
-        os.unlink(path)
-        raise
+        _unlink(path)
+        return obj
     os.close(fd)
     n = len(buffers)
     return Shared(path, at, stream.getvalue(), tuple(spans[:n]), tuple(spans[n:]))
@@ -119,19 +196,20 @@ def receive(result: Any) -> Any:
     try:
         fd = os.open(result.path, os.O_RDONLY)
     except FileNotFoundError:
-        raise RuntimeError(f"a worker's result file {result.path} is gone before it was read: something removes "
-                           f"files from {SHM_DIR} (a tmpfs cleaner?), or it is full") from None
+        raise RuntimeError(f"a worker's result file {result.path} is gone before it was read: its loader was "
+                           f"closed, or something removes files from {SHM_DIR}") from None
     try:
-        os.unlink(result.path)  # the open file (and the mapping below) keep the data while it is used
+        os.unlink(result.path)  # the open file keeps the data while it is read
         size = os.fstat(fd).st_size
         if size < result.size:
             raise RuntimeError(f"a worker's result file {result.path} holds {size} bytes, {result.size} expected")
-        arrays: list = []
-        if result.buffers:  # arrays: views of a private mapping, no copy
-            whole = memoryview(mmap.mmap(fd, result.size, flags=mmap.MAP_PRIVATE,
-                                         prot=mmap.PROT_READ | mmap.PROT_WRITE))
-            arrays = [whole[a:a + n] for a, n in result.buffers]
-        values = [os.pread(fd, n, a) for a, n in result.values]  # bytes: one copy each, straight from the file
+        arrays = []
+        for a, n in result.buffers:  # arrays: their own writable memory, one copy
+            buf = bytearray(n)
+            if n and os.preadv(fd, [buf], a) != n:
+                raise RuntimeError(f"a worker's result file {result.path} is shorter than its index says")
+            arrays.append(buf)
+        values = [os.pread(fd, n, a) for a, n in result.values]  # bytes: one copy each
         if any(len(v) != n for v, (_, n) in zip(values, result.values)):
             raise RuntimeError(f"a worker's result file {result.path} is shorter than its index says")
     finally:
@@ -142,37 +220,11 @@ def receive(result: Any) -> Any:
 def discard(result: Any) -> None:
     """A result that will never be received: remove its file."""
     if type(result) is Shared:
-        try:
-            os.unlink(result.path)
-        except FileNotFoundError:
-            pass
+        _unlink(result.path)
 
 
-def remove_leftovers(owner: str | None = None) -> int:
-    """Remove the result files of ``owner`` (its workers wrote them and nobody will read them), or, with
-    None, those of trainers no longer running. Returns how many were removed."""
-    removed = 0
-    for path in glob.glob(os.path.join(SHM_DIR, PREFIX + (f"{owner}-*" if owner else "*"))):
-        if owner is None:
-            try:
-                pid = int(os.path.basename(path)[len(PREFIX):].split("-", 1)[0])
-            except ValueError:
-                continue
-            if _alive(pid):
-                continue
-        try:
-            os.unlink(path)
-            removed += 1
-        except (FileNotFoundError, PermissionError):
-            pass
-    return removed
-
-
-def _alive(pid: int) -> bool:
+def _unlink(path: str) -> None:
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+        os.unlink(path)
+    except FileNotFoundError:
+        pass

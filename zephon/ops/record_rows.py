@@ -40,27 +40,42 @@ class RecordRow:
 
     def digest(self) -> bytes:
         """A short digest of the record, to check that a replay delivers what was delivered. Not the batch
-        hash (:func:`zephon.collate.global_digest` hashes every byte): long values enter it by their length
-        and both ends, so that the check stays cheap for records of image bytes."""
+        hash (:func:`zephon.collate.global_digest` hashes every byte): every field enters it, lists, dicts
+        and arrays element by element, but a long value (bytes, text, an array's bytes) by its length and
+        both ends, so that the check stays cheap for records of image bytes."""
         h = hashlib.sha256()
-        record = self.record or {}
-        for key in record:
-            h.update(key.encode())
-            _digest_value(h, record[key])
+        _digest_value(h, self.record or {})
         return h.digest()[:16]
 
 
 def _digest_value(h: "hashlib._Hash", value: Any) -> None:
-    if isinstance(value, str):
+    if isinstance(value, dict):
+        h.update(b"{%d" % len(value))
+        for key in value:
+            _digest_value(h, key)
+            _digest_value(h, value[key])
+        h.update(b"}")
+        return
+    if isinstance(value, (list, tuple)):
+        h.update(b"[%d" % len(value))
+        for v in value:
+            _digest_value(h, v)
+        h.update(b"]")
+        return
+    if isinstance(value, np.ndarray):
+        h.update(f"a{value.dtype.str}{value.shape}".encode())
+        if value.dtype.hasobject:  # references, not values: element by element
+            for v in value.ravel().tolist():
+                _digest_value(h, v)
+            return
+        value = memoryview(np.ascontiguousarray(value).reshape(-1).view(np.uint8))
+    elif isinstance(value, str):
         value = value.encode()
-    elif isinstance(value, np.ndarray):
-        h.update(f"{value.dtype.str}{value.shape}".encode())
-        value = memoryview(np.ascontiguousarray(value)).cast("B")
     elif not isinstance(value, (bytes, bytearray, memoryview)):
         h.update(repr(value).encode())
         return
     n = len(value)
-    h.update(b"%d:" % n)
+    h.update(b"b%d:" % n)
     if n <= DIGEST_WHOLE:
         h.update(value)
     else:
