@@ -129,19 +129,7 @@ def compile_pipeline(pipe: Pipeline, plan: WorkPlan | None = None) -> CompiledPi
     images = image_batch(all_ops, pack, batch)
 
     # the merge
-    by = mix_step.by if mix_step else "tokens"
-    if by == "tokens" and not all(_tokenized(ops) for ops in per_source) and len(names) > 1:
-        raise PipelineError("mix(by='tokens') needs documents: tokenize every source before the sources meet "
-                            "(.tokenize() before .mix()), or mix(by='documents')")
-    weights = [mix_step.weights[n] for n in names] if mix_step and mix_step.weights else \
-        [s.weight for s in pipe.sources]
-    schedule = mix_step.schedule if mix_step else None
-    if schedule is not None:
-        try:
-            schedule.check_sources(names)
-        except ValueError as exc:
-            raise PipelineError(f"mix(schedule=...): {exc}") from None
-    merge_factory = partial(_make_mix, tuple(weights), by, tuple(names), schedule)
+    by, weights, schedule, merge_factory = _merge(pipe, names, per_source, mix_step, "tokens")
     placement.append(("mix" if mix_step else "mix (implied)", "lane: the merge", ",".join(names)))
 
     # after the merge: serial, per lane
@@ -171,6 +159,24 @@ def compile_pipeline(pipe: Pipeline, plan: WorkPlan | None = None) -> CompiledPi
     compiled.summary = summary(pipe, plan, per_source, mix_step, weights, by, after, pack, batch)
     compiled.fingerprint = fingerprint(compiled.summary)
     return compiled
+
+
+def _merge(pipe: Pipeline, names: list[str], per_source: list[list[Transform]], mix_step: MixStep | None,
+           default_by: str) -> tuple[str, list[float], Any, Callable[[LaneContext], Any]]:
+    """Where the sources meet: (by, weights, schedule, the mixer's factory), checked."""
+    by = mix_step.by if mix_step else default_by
+    if by == "tokens" and not all(_tokenized(ops) for ops in per_source) and len(names) > 1:
+        raise PipelineError("mix(by='tokens') needs documents: tokenize every source before the sources meet "
+                            "(.tokenize() before .mix()), or mix(by='documents')")
+    weights = [mix_step.weights[n] for n in names] if mix_step and mix_step.weights else \
+        [s.weight for s in pipe.sources]
+    schedule = mix_step.schedule if mix_step else None
+    if schedule is not None:
+        try:
+            schedule.check_sources(names)
+        except ValueError as exc:
+            raise PipelineError(f"mix(schedule=...): {exc}") from None
+    return by, weights, schedule, partial(_make_mix, tuple(weights), by, tuple(names), schedule)
 
 
 def _lane_steps(after: list[Operator], placement: list) -> list[tuple[str, Callable[[LaneContext], Any]]]:
@@ -211,18 +217,8 @@ def _compile_records(pipe: Pipeline, plan: WorkPlan | None, batch: BatchStep) ->
     for sp in all_ops:
         if isinstance(sp, Split):
             sp.token_names = tuple(schema)
-    by = mix_step.by if mix_step else ("tokens" if all(_tokenized(ops) for ops in per_source) else "documents")
-    if by == "tokens" and not all(_tokenized(ops) for ops in per_source) and len(names) > 1:
-        raise PipelineError("mix(by='tokens') needs documents: tokenize every source before the sources meet "
-                            "(.tokenize() before .mix()), or mix(by='documents')")
-    weights = [mix_step.weights[n] for n in names] if mix_step and mix_step.weights else \
-        [s.weight for s in pipe.sources]
-    schedule = mix_step.schedule if mix_step else None
-    if schedule is not None:
-        try:
-            schedule.check_sources(names)
-        except ValueError as exc:
-            raise PipelineError(f"mix(schedule=...): {exc}") from None
+    default_by = "tokens" if all(_tokenized(ops) for ops in per_source) else "documents"
+    by, weights, schedule, merge_factory = _merge(pipe, names, per_source, mix_step, default_by)
     placement.append(("mix" if mix_step else "mix (implied)", "lane: the merge", ",".join(names)))
     lane_steps = _lane_steps(after, placement)
     lane_steps.append(("rows", _make_record_rows))
@@ -235,7 +231,7 @@ def _compile_records(pipe: Pipeline, plan: WorkPlan | None, batch: BatchStep) ->
     compiled = CompiledPipeline(
         seed=pipe.seed, lanes=pipe.lanes, names=names, plan=plan, stages=program,
         stage_kinds=[[st.executor for st in sts] for sts in stages],
-        merge=partial(_make_mix, tuple(weights), by, tuple(names), schedule), steps=lane_steps,
+        merge=merge_factory, steps=lane_steps,
         rows_per_lane=batch.rows_per_lane, flush_every=pipe.flush_every, flush_by=pipe.flush_by, seq_len=1,
         max_empty_units=[2 * len(sp.units) + pipe.lanes for sp in plan.sources],
         finite=any(d.passes is not None for d in pipe.sources), partial=batch.partial, token_fields=schema,
