@@ -95,14 +95,7 @@ def compile_pipeline(pipe: Pipeline, plan: WorkPlan | None = None) -> CompiledPi
         raise PipelineError(f"batch(stack={list(batch.stack)}) is for pipelines without pack(): packed rows are "
                             f"already tensors")
     pack: PackStep = steps[pack_at]  # type: ignore[assignment]
-    names = [s.name for s in pipe.sources]
-    m = _merge_index(steps)
-    before, after = list(steps[:m]), list(steps[m:pack_at])
-    mix_step = after.pop(0) if after and isinstance(after[0], MixStep) else None
-    if any(isinstance(s, MixStep) for s in after):
-        raise PipelineError("mix() must come before every accumulator (shuffle, accumulate): the sources meet first")
-    per_source: list[list[Transform]] = [[t for t in before if t.applies_to(n)] for n in names]  # type: ignore[misc]
-    placement = [(t.name, "workers, per source", ",".join(n for n in names if t.applies_to(n))) for t in before]
+    names, after, mix_step, per_source, placement = _graph(pipe, pack_at)
 
     # split: explicit, or implied at seq_len before best/first-fit packing
     all_ops = [t for t in steps if isinstance(t, Transform)]
@@ -141,24 +134,46 @@ def compile_pipeline(pipe: Pipeline, plan: WorkPlan | None = None) -> CompiledPi
 
     # sources and stages
     plan = plan or WorkPlan.from_pipeline(pipe)
-    stages = [_stages(ops) for ops in per_source]
-    readers = [ReaderFactory(sp.spec, sp.storage) for sp in plan.sources]  # picklable: workers build their own
-    coords = [partial(_coord, sp.spec.format) for sp in plan.sources]
-    program = StageProgram(names, readers, stages, coords)
     pad_id = pack.pad_id if pack.pad_id is not None else _tokenizer_pad(all_ops)
     pad_values = {name: (pad_id if name == INPUT_IDS else 0) for name in schema}
 
     compiled = CompiledPipeline(
-        seed=pipe.seed, lanes=pipe.lanes, names=names, plan=plan, stages=program,
-        stage_kinds=[[st.executor for st in sts] for sts in stages], merge=merge_factory, steps=lane_steps,
-        rows_per_lane=batch.rows_per_lane, flush_every=pipe.flush_every, flush_by=pipe.flush_by, seq_len=pack.seq_len,
-        max_empty_units=[2 * len(sp.units) + pipe.lanes for sp in plan.sources],
-        finite=any(d.passes is not None for d in pipe.sources), partial=batch.partial,
+        **_lane_fields(pipe, plan, names, per_source, merge_factory, lane_steps, batch), seq_len=pack.seq_len,
         pad_id=pad_id, token_fields=schema, pad_values=pad_values, placement=placement, schedule=schedule,
         images=images)
     compiled.summary = summary(pipe, plan, per_source, mix_step, weights, by, after, pack, batch)
     compiled.fingerprint = fingerprint(compiled.summary)
     return compiled
+
+
+def _graph(pipe: Pipeline, end: int) -> tuple[list[str], list[Operator], MixStep | None, list[list[Transform]], list]:
+    """The steps before ``end`` cut where the sources meet: (source names, the steps after the merge, the
+    explicit mix step, each source's stateless transforms, their placement)."""
+    steps = pipe.steps
+    names = [s.name for s in pipe.sources]
+    m = _merge_index(steps)
+    before, after = list(steps[:m]), list(steps[m:end])
+    mix_step = after.pop(0) if after and isinstance(after[0], MixStep) else None
+    if any(isinstance(s, MixStep) for s in after):
+        raise PipelineError("mix() must come before every accumulator (shuffle, accumulate): the sources meet first")
+    per_source: list[list[Transform]] = [[t for t in before if t.applies_to(n)] for n in names]  # type: ignore[misc]
+    placement = [(t.name, "workers, per source", ",".join(n for n in names if t.applies_to(n))) for t in before]
+    return names, after, mix_step, per_source, placement
+
+
+def _lane_fields(pipe: Pipeline, plan: WorkPlan, names: list[str], per_source: list[list[Transform]],
+                 merge_factory: Callable, lane_steps: list, batch: BatchStep) -> dict[str, Any]:
+    """What every :class:`LaneProgram` holds whatever its rows: the sources' stages, the merge, the lane
+    steps, the cadence and the end of finite data."""
+    stages = [_stages(ops) for ops in per_source]
+    readers = [ReaderFactory(sp.spec, sp.storage) for sp in plan.sources]  # picklable: workers build their own
+    coords = [partial(_coord, sp.spec.format) for sp in plan.sources]
+    return dict(seed=pipe.seed, lanes=pipe.lanes, names=names, plan=plan,
+                stages=StageProgram(names, readers, stages, coords),
+                stage_kinds=[[st.executor for st in sts] for sts in stages], merge=merge_factory, steps=lane_steps,
+                rows_per_lane=batch.rows_per_lane, flush_every=pipe.flush_every, flush_by=pipe.flush_by,
+                max_empty_units=[2 * len(sp.units) + pipe.lanes for sp in plan.sources],
+                finite=any(d.passes is not None for d in pipe.sources), partial=batch.partial)
 
 
 def _merge(pipe: Pipeline, names: list[str], per_source: list[list[Transform]], mix_step: MixStep | None,
@@ -204,14 +219,7 @@ def _compile_records(pipe: Pipeline, plan: WorkPlan | None, batch: BatchStep) ->
     if batch.stack and batch.partial == "pad":
         raise PipelineError(f"batch(stack={list(batch.stack)}, partial='pad'): a rank whose rows are all padding "
                             f"could not give the stacked tensors their shape; use partial='drop', or no stack")
-    names = [s.name for s in pipe.sources]
-    m = _merge_index(steps)
-    before, after = list(steps[:m]), list(steps[m:-1])
-    mix_step = after.pop(0) if after and isinstance(after[0], MixStep) else None
-    if any(isinstance(s, MixStep) for s in after):
-        raise PipelineError("mix() must come before every accumulator (shuffle, accumulate): the sources meet first")
-    per_source: list[list[Transform]] = [[t for t in before if t.applies_to(n)] for n in names]  # type: ignore[misc]
-    placement = [(t.name, "workers, per source", ",".join(n for n in names if t.applies_to(n))) for t in before]
+    names, after, mix_step, per_source, placement = _graph(pipe, len(steps) - 1)
     all_ops = [t for t in steps if isinstance(t, Transform)]
     schema = _token_schema(all_ops)
     for sp in all_ops:
@@ -225,17 +233,9 @@ def _compile_records(pipe: Pipeline, plan: WorkPlan | None, batch: BatchStep) ->
     placement.append(("rows", "lane: one record per row", "-"))
     placement.append(("batch", f"lane: {batch.rows_per_lane} record(s) per step", "-"))
     plan = plan or WorkPlan.from_pipeline(pipe)
-    stages = [_stages(ops) for ops in per_source]
-    program = StageProgram(names, [ReaderFactory(sp.spec, sp.storage) for sp in plan.sources], stages,
-                           [partial(_coord, sp.spec.format) for sp in plan.sources])
     compiled = CompiledPipeline(
-        seed=pipe.seed, lanes=pipe.lanes, names=names, plan=plan, stages=program,
-        stage_kinds=[[st.executor for st in sts] for sts in stages],
-        merge=merge_factory, steps=lane_steps,
-        rows_per_lane=batch.rows_per_lane, flush_every=pipe.flush_every, flush_by=pipe.flush_by, seq_len=1,
-        max_empty_units=[2 * len(sp.units) + pipe.lanes for sp in plan.sources],
-        finite=any(d.passes is not None for d in pipe.sources), partial=batch.partial, token_fields=schema,
-        records=True, stack=batch.stack, placement=placement, schedule=schedule)
+        **_lane_fields(pipe, plan, names, per_source, merge_factory, lane_steps, batch), seq_len=1,
+        token_fields=schema, records=True, stack=batch.stack, placement=placement, schedule=schedule)
     compiled.summary = summary(pipe, plan, per_source, mix_step, weights, by, after, None, batch)
     compiled.fingerprint = fingerprint(compiled.summary)
     return compiled
