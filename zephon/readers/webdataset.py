@@ -45,6 +45,7 @@ from typing import Any, BinaryIO, Sequence
 
 import fsspec
 import numpy as np
+from fsspec.implementations.local import LocalFileSystem
 
 from .base import DEFAULT_DOC_LIMIT, LRU, DocLimit, RawChunk, SourceError, Unit, chunks_in_groups, units_of_groups, \
     utf8_prefix
@@ -74,6 +75,15 @@ class ShardIndex:
     exts: list[str]  # per member
     offsets: np.ndarray  # int64 [m]: where each member's data starts
     sizes: np.ndarray  # int64 [m]
+    # set by __post_init__: ext_ids (extension -> code) and ext_code (int32 [m], each member's code)
+
+    def __post_init__(self) -> None:
+        # Each member's extension as a small integer, so a chunk picks its members with numpy.
+        codes: dict[str, int] = {}
+        ext_code = np.fromiter((codes.setdefault(e, len(codes)) for e in self.exts), dtype=np.int32,
+                               count=len(self.exts))
+        object.__setattr__(self, "ext_ids", codes)
+        object.__setattr__(self, "ext_code", ext_code)
 
     def __len__(self) -> int:
         return len(self.keys)
@@ -363,71 +373,77 @@ class WebDatasetReader:
         return chunks_in_groups(self._starts(path), unit, cursor, self.chunk_rows)
 
     # -- reading (on workers) --------------------------------------------------------------------------
-    def _wanted(self, index: ShardIndex, start: int, end: int) -> tuple[list[str], list[list[int]]]:
+    def _wanted(self, index: ShardIndex, start: int, end: int) -> tuple[list[str], list[np.ndarray]]:
         """The fields of samples [start, end) and, per field, the member each sample gives it (-1: none)."""
-        exts, first = index.exts, index.first[start:end + 1].tolist()  # this chunk's samples only
+        first = index.first[start:end + 1]  # this chunk's samples only
+        lo, n = int(first[0]), end - start
         if self.columns is None:
-            names: list[str] = list(dict.fromkeys(exts[first[0]:first[-1]]))
-            picks = {n: [-1] * (end - start) for n in names}
-            for i in range(end - start):
-                for m in range(first[i], first[i + 1]):
+            exts = index.exts
+            names: list[str] = list(dict.fromkeys(exts[lo:int(first[-1])]))
+            bounds = first.tolist()
+            picks = {name: np.full(n, -1, dtype=np.int64) for name in names}
+            for i in range(n):
+                for m in range(bounds[i], bounds[i + 1]):
                     picks[exts[m]][i] = m
-            return names, [picks[n] for n in names]
-        lo, n = first[0], end - start
-        member_exts = exts[lo:first[-1]]
-        sample_of = np.repeat(np.arange(n), np.diff(first)).tolist()  # per member of the chunk
+            return names, [picks[name] for name in names]
+        codes = index.ext_code[lo:int(first[-1])]
+        sample_of = np.repeat(np.arange(n), np.diff(first))  # per member of the chunk
         out = []
         for _, alts in self.columns:
-            rank_of = {a: r for r, a in enumerate(alts)}  # the first extension listed that the sample has wins
-            col, best = [-1] * n, [len(alts)] * n
-            for j, e in enumerate(member_exts):
-                r = rank_of.get(e)
-                if r is not None and r <= best[sample_of[j]]:  # a repeated extension: the last, as before
-                    i = sample_of[j]
-                    col[i], best[i] = lo + j, r
+            col = np.full(n, -1, dtype=np.int64)
+            for ext in alts:  # the first extension listed that the sample has wins
+                code = index.ext_ids.get(ext)
+                hits = np.flatnonzero(codes == code) if code is not None else ()
+                if len(hits):
+                    found = np.full(n, -1, dtype=np.int64)
+                    np.maximum.at(found, sample_of[hits], lo + hits)  # a repeated extension: the last
+                    col = np.where(col < 0, found, col)
             out.append(col)
         return [name for name, _ in self.columns], out
+
+    def _lengths(self, path: str, index: ShardIndex, picks: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+        """The members to read (sorted) and how many bytes of each, after the ``[read] oversize`` policy."""
+        members = np.unique(np.concatenate(picks)) if picks else np.zeros(0, dtype=np.int64)
+        members = members[members >= 0]
+        sizes = index.sizes[members]
+        limit = self.doc_limit
+        over = sizes > limit.max_bytes
+        if over.any():  # rare: each oversize member by the policy
+            keep = np.ones(len(members), dtype=bool)
+            for j in np.flatnonzero(over).tolist():
+                m = int(members[j])
+                if limit.policy == "error":
+                    k = int(np.searchsorted(index.first, m, side="right")) - 1
+                    raise limit.refuse(self.source, path, f"sample {index.keys[k]!r}",
+                                       f"a member '{index.exts[m]}' of {int(sizes[j])} bytes")
+                if limit.policy == "skip" or index.exts[m] not in TEXT_EXTENSIONS:
+                    keep[j] = False
+                else:
+                    sizes[j] = limit.max_bytes + 1  # truncated later, at a character boundary
+            members, sizes = members[keep], sizes[keep]
+        return members, sizes
 
     def read(self, path: str, start: int, end: int) -> RawChunk:
         index = self.index(path)
         end = len(index) if end < 0 else end
         names, picks = self._wanted(index, start, end)
-        lo_member = int(index.first[start])
-        sizes = index.sizes[lo_member:int(index.first[end])].tolist()  # per member of this chunk
-        limit = self.doc_limit
-        lengths: dict[int, int] = {}  # member -> bytes to read
-        for col in picks:
-            for m in col:
-                if m < 0:
-                    continue
-                size = sizes[m - lo_member]
-                if size > limit.max_bytes:
-                    if limit.policy == "error":
-                        k = int(np.searchsorted(index.first, m, side="right")) - 1
-                        raise limit.refuse(self.source, path, f"sample {index.keys[k]!r}",
-                                           f"a member '{index.exts[m]}' of {size} bytes")
-                    if limit.policy == "skip" or index.exts[m] not in TEXT_EXTENSIONS:
-                        continue
-                    size = limit.max_bytes + 1  # truncated below, at a character boundary
-                lengths[m] = size
-        data = self._fetch(path, index, lengths)
+        members, lengths = self._lengths(path, index, picks)
+        data = self._fetch(path, index, members, lengths)
         columns: dict[str, Any] = {}
         if self.columns is None:
             columns["__key__"] = index.keys[start:end]
-        exts, keys = index.exts, index.keys
-        for name, col in zip(names, picks):
+        exts, keys, get = index.exts, index.keys, data.get
+        alts = [alt for _, alt in self.columns] if self.columns is not None else [(name,) for name in names]
+        for name, col, col_exts in zip(names, picks, alts):
             if name == "__key__" and self.columns is not None:
                 columns[name] = keys[start:end]
                 continue
-            values: list[Any] = []
-            for i, m in enumerate(col):
-                raw = data.get(m)
-                if raw is None:
-                    values.append(None)
-                elif exts[m] in TEXT_EXTENSIONS:
-                    values.append(self._text(raw, path, keys[start + i], exts[m]))
-                else:
-                    values.append(raw)
+            taken = col.tolist()
+            values: list[Any] = [get(m) for m in taken]
+            if any(e in TEXT_EXTENSIONS for e in col_exts):
+                for i, m in enumerate(taken):
+                    if values[i] is not None and exts[m] in TEXT_EXTENSIONS:
+                        values[i] = self._text(values[i], path, keys[start + i], exts[m])
             columns[name] = values
         cursors = np.arange(start + 1, end + 1, dtype=np.int64)
         return RawChunk([], cursors, end, columns=columns)
@@ -441,32 +457,43 @@ class WebDatasetReader:
             raise SourceError(f"source '{self.source}': {path}, sample {key!r}: the '{ext}' member is not UTF-8 "
                               f"text ({exc}). Re-encode it, or read it as bytes under another extension.") from None
 
-    def _fetch(self, path: str, index: ShardIndex, lengths: dict[int, int]) -> dict[int, bytes]:
-        """The members' bytes, read in as few ranged reads as the gaps allow (usually one)."""
-        order = sorted(lengths)
+    def _fetch(self, path: str, index: ShardIndex, members: np.ndarray, lengths: np.ndarray) -> dict[int, bytes]:
+        """The members' bytes (``members`` sorted). A local shard: one ``pread`` each, straight into the bytes
+        object handed on. An object store: as few ranged reads as the gaps allow (usually one)."""
+        if not len(members):
+            return {}
+        starts = index.offsets[members]
+        if type(self.fs) is LocalFileSystem:  # exactly fsspec's: a subclass may read its own way
+            try:
+                fd = os.open(path, os.O_RDONLY)
+            except FileNotFoundError:
+                raise SourceError(f"source '{self.source}': shard {path} is missing; it was listed when the run "
+                                  f"was planned. Restore it or start a new run.") from None
+            try:
+                blobs = [os.pread(fd, n, o) for o, n in zip(starts.tolist(), lengths.tolist())]
+            finally:
+                os.close(fd)
+            for blob, o, n in zip(blobs, starts.tolist(), lengths.tolist()):
+                if len(blob) != n:
+                    self._short(path, len(blob), o, o + n)
+            return dict(zip(members.tolist(), blobs))
+        ends = starts + lengths
+        reach = np.maximum.accumulate(ends)
+        cuts = (np.flatnonzero(starts[1:] - reach[:-1] > READ_GAP) + 1).tolist()  # a new request after a gap
         out: dict[int, bytes] = {}
-        if not order:
-            return out
-        base = order[0]
-        offsets = index.offsets[base:order[-1] + 1].tolist()  # the members between the first and last wanted
-        i = 0
-        while i < len(order):
-            j = i
-            lo = offsets[order[i] - base]
-            hi = lo + lengths[order[i]]
-            while j + 1 < len(order) and offsets[order[j + 1] - base] - hi <= READ_GAP:
-                j += 1
-                hi = max(hi, offsets[order[j] - base] + lengths[order[j]])
+        for a, b in zip([0] + cuts, cuts + [len(members)]):
+            lo, hi = int(starts[a]), int(reach[b - 1])
             try:
                 blob = self.fs.cat_file(path, start=lo, end=hi)
             except FileNotFoundError:
                 raise SourceError(f"source '{self.source}': shard {path} is missing; it was listed when the run "
                                   f"was planned. Restore it or start a new run.") from None
             if len(blob) != hi - lo:
-                raise SourceError(f"source '{self.source}': shard {path} is shorter than its index says (read "
-                                  f"{len(blob)} of bytes [{lo}, {hi})): it changed since it was indexed.")
-            for m in order[i:j + 1]:
-                a = offsets[m - base] - lo
-                out[m] = blob[a:a + lengths[m]]
-            i = j + 1
+                self._short(path, len(blob), lo, hi)
+            for m, o, n in zip(members[a:b].tolist(), starts[a:b].tolist(), lengths[a:b].tolist()):
+                out[m] = blob[o - lo:o - lo + n]
         return out
+
+    def _short(self, path: str, got: int, lo: int, hi: int) -> None:
+        raise SourceError(f"source '{self.source}': shard {path} is shorter than its index says (read "
+                          f"{got} of bytes [{lo}, {hi})): it changed since it was indexed.")
