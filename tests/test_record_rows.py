@@ -111,6 +111,26 @@ def test_record_batches_are_elastic_on_the_process_runners(data):
     ref = global_hashes(pipe, 1, 6)
     assert global_hashes(pipe, 2, 6, num_workers=2, runner="pool") == ref
     assert global_hashes(pipe, 4, 6, num_workers=2, runner="process", resume_at=2, resume_world_size=8) == ref
+    loader = pipe.build(rank=0, world_size=1, num_workers=2, runner="pool")
+    try:
+        assert set(loader._executors) == {"process"}  # the map and filter run on the pool, the read with them
+    finally:
+        loader.close()
+
+
+def test_a_fetch_only_pipeline_on_the_pool_runner_is_read_on_threads(data):
+    """A source with no transform has nothing for a process to compute: the pool runner reads it on threads
+    (no process started, no copy of each value between processes), with the same batches."""
+    pipe = (z.Pipeline(seed=5, lanes=4)
+            .source("wds", z.read.webdataset(str(data["wds"]), columns=["image=jpg;png", "txt"], chunk_rows=5))
+            .batch(rows_per_lane=2))
+    ref = global_hashes(pipe, 1, 6)
+    assert global_hashes(pipe, 2, 6, num_workers=2, runner="pool", resume_at=3, resume_world_size=4) == ref
+    loader = pipe.build(rank=0, world_size=1, num_workers=2, runner="pool")
+    try:
+        assert set(loader._executors) == {"thread"}
+    finally:
+        loader.close()
 
 
 def test_finite_records_end_at_the_same_step_on_every_world_size(data):

@@ -139,6 +139,11 @@ class ZephonLoader:
 
     def _executor_for(self, source: int, stage: int) -> Executor:
         kind = self.program.stage_kinds[source][stage] or self._default_kind
+        if kind == "process" and not self.program.stage_kinds[source][stage] and \
+                self.program.stages.reads_only(source, stage):
+            # Nothing to compute, only a read (I/O, the GIL released): another process would add a copy of
+            # every value on the way back and win nothing. The pool's threads' twin reads it here.
+            kind = "thread"
         if kind not in self._executors:
             if not self._own_executors:
                 kind = next(iter(self._executors))

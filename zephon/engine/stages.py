@@ -116,6 +116,10 @@ class StageProgram:
     def n_stages(self, source: int) -> int:
         return max(1, len(self.stages[source]))
 
+    def reads_only(self, source: int, stage: int) -> bool:
+        """Whether stage ``stage`` of ``source`` reads chunks and transforms nothing."""
+        return stage == 0 and not (self.stages[source] and self.stages[source][0].transforms)
+
     # -- the task ----------------------------------------------------------------------------------------
     def run(self, source: int, stage: int, item: Any) -> Chunk:
         chunk = self.read(source, item) if stage == 0 else item
