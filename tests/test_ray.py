@@ -274,6 +274,31 @@ def test_a_vision_language_pipeline_on_ray(cluster, tmp_path_factory, corpus_tex
     assert global_hashes(pipe, 1, 6, num_workers=2, runner="ray-lanes") == reference
 
 
+def caption_length(record: dict) -> dict:
+    return {**record, "chars": np.int32(len(record["txt"]))}
+
+
+@pytest.mark.slow
+def test_record_batches_on_ray(cluster, tmp_path_factory, corpus_texts):
+    """Records batched as they are (no packing): decoded pixels stacked into one uint8 tensor, captions and
+    a mapped scalar and the captions; both Ray runners give the thread runner's batches, Ray tasks across a
+    resume from two ranks onto four too."""
+    require("PIL")
+    from tests.vision_data import build_dataset, pictures
+
+    data = build_dataset(tmp_path_factory.mktemp("ray_records"), corpus_texts, pictures())
+    pipe = (z.Pipeline(seed=13, lanes=4, flush_every=2)
+            .source("pairs", z.read.webdataset(str(data["wds"]), columns=["image=jpg;png", "txt"], chunk_rows=5))
+            .decode_images("image", size=28, patchify=False, on_bad_image="drop_record")
+            .map(caption_length, version="1")
+            .shuffle(buffer=5)
+            .batch(rows_per_lane=2, stack=["images", "chars"]))
+    reference = global_hashes(pipe, 1, STEPS, num_workers=2, runner="thread")
+    assert len(set(reference)) == STEPS
+    assert global_hashes(pipe, 2, STEPS, num_workers=2, runner="ray", resume_at=3, resume_world_size=4) == reference
+    assert global_hashes(pipe, 1, STEPS, num_workers=2, runner="ray-lanes") == reference
+
+
 def test_byte_budget_holds_tasks_back(cluster, make_recipe):
     """A budget of one byte lets one task at a time out (plus the one a lane waits for); the default lets
     many; the batches are the same."""
