@@ -55,6 +55,7 @@ ZERO_BLOCK = bytes(BLOCK)
 MAX_META_BYTES = 1 << 20  # a GNU long name or a pax header larger than this is refused
 MAX_SIDECAR_BYTES = 256 << 20
 READ_GAP = 1 << 20  # unwanted bytes between two wanted members past which a chunk is read in two requests
+LOCAL_READ_GAP = 4096  # the same for a local shard, where a request costs a system call, not a round trip
 TEXT_EXTENSIONS = ("txt", "text")
 INDEX_FORMAT = "zephon-webdataset-index"
 INDEX_VERSION = 1
@@ -343,8 +344,7 @@ class WebDatasetReader:
         try:
             info = self.fs.info(path)
         except FileNotFoundError:
-            raise SourceError(f"source '{self.source}': shard {path} is missing; it was listed when the run was "
-                              f"planned. Restore it or start a new run.") from None
+            raise self._missing(path) from None
         size, version = int(info["size"]), _version(info)
         return _INDEXES.get((path, size, version), lambda: self._load(path, size, version))
 
@@ -458,41 +458,43 @@ class WebDatasetReader:
                               f"text ({exc}). Re-encode it, or read it as bytes under another extension.") from None
 
     def _fetch(self, path: str, index: ShardIndex, members: np.ndarray, lengths: np.ndarray) -> dict[int, bytes]:
-        """The members' bytes (``members`` sorted). A local shard: one ``pread`` each, straight into the bytes
-        object handed on. An object store: as few ranged reads as the gaps allow (usually one)."""
+        """The members' bytes (``members`` sorted), read in as few ranged reads as the gaps allow: one per run
+        of members with at most ``READ_GAP`` unwanted bytes between them from an object store (usually one a
+        chunk), at most ``LOCAL_READ_GAP`` from a local shard (a tar header, not an unwanted image)."""
         if not len(members):
             return {}
+        local = type(self.fs) is LocalFileSystem  # exactly fsspec's: a subclass may read its own way
         starts = index.offsets[members]
-        if type(self.fs) is LocalFileSystem:  # exactly fsspec's: a subclass may read its own way
-            try:
-                fd = os.open(path, os.O_RDONLY)
-            except FileNotFoundError:
-                raise SourceError(f"source '{self.source}': shard {path} is missing; it was listed when the run "
-                                  f"was planned. Restore it or start a new run.") from None
-            try:
-                blobs = [os.pread(fd, n, o) for o, n in zip(starts.tolist(), lengths.tolist())]
-            finally:
-                os.close(fd)
-            for blob, o, n in zip(blobs, starts.tolist(), lengths.tolist()):
-                if len(blob) != n:
-                    self._short(path, len(blob), o, o + n)
-            return dict(zip(members.tolist(), blobs))
-        ends = starts + lengths
-        reach = np.maximum.accumulate(ends)
-        cuts = (np.flatnonzero(starts[1:] - reach[:-1] > READ_GAP) + 1).tolist()  # a new request after a gap
+        reach = np.maximum.accumulate(starts + lengths)
+        gap = LOCAL_READ_GAP if local else READ_GAP
+        cuts = (np.flatnonzero(starts[1:] - reach[:-1] > gap) + 1).tolist()  # a new request after a gap
+        spans = [(int(starts[a]), int(reach[b - 1]), a, b) for a, b in zip([0] + cuts, cuts + [len(members)])]
         out: dict[int, bytes] = {}
-        for a, b in zip([0] + cuts, cuts + [len(members)]):
-            lo, hi = int(starts[a]), int(reach[b - 1])
-            try:
-                blob = self.fs.cat_file(path, start=lo, end=hi)
-            except FileNotFoundError:
-                raise SourceError(f"source '{self.source}': shard {path} is missing; it was listed when the run "
-                                  f"was planned. Restore it or start a new run.") from None
-            if len(blob) != hi - lo:
-                self._short(path, len(blob), lo, hi)
-            for m, o, n in zip(members[a:b].tolist(), starts[a:b].tolist(), lengths[a:b].tolist()):
-                out[m] = blob[o - lo:o - lo + n]
+        try:
+            fd = os.open(path, os.O_RDONLY) if local else -1
+        except FileNotFoundError:
+            raise self._missing(path) from None
+        try:
+            for lo, hi, a, b in spans:
+                try:  # one call (one GIL release) per span: many small reads would hand the GIL back and forth
+                    blob = os.pread(fd, hi - lo, lo) if local else self.fs.cat_file(path, start=lo, end=hi)
+                except FileNotFoundError:
+                    raise self._missing(path) from None
+                if len(blob) != hi - lo:
+                    self._short(path, len(blob), lo, hi)
+                if b - a == 1 and len(blob) == lengths[a]:
+                    out[int(members[a])] = blob
+                    continue
+                for m, o, n in zip(members[a:b].tolist(), starts[a:b].tolist(), lengths[a:b].tolist()):
+                    out[m] = blob[o - lo:o - lo + n]
+        finally:
+            if local:
+                os.close(fd)
         return out
+
+    def _missing(self, path: str) -> SourceError:
+        return SourceError(f"source '{self.source}': shard {path} is missing; it was listed when the run was "
+                           f"planned. Restore it or start a new run.")
 
     def _short(self, path: str, got: int, lo: int, hi: int) -> None:
         raise SourceError(f"source '{self.source}': shard {path} is shorter than its index says (read "
