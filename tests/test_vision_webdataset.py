@@ -13,6 +13,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import shutil
 import tarfile
 from pathlib import Path
 
@@ -261,3 +262,24 @@ def test_empty_shard_and_bad_columns(tmp_path):
     for bad in (["jpg;", "txt"], ["__key__=jpg"], ["*", "txt"]):
         with pytest.raises(SourceError, match="columns"):
             wdsr.parse_columns(bad)
+
+
+def test_a_shard_shorter_than_its_index_is_an_error_naming_it(shards, tmp_path):
+    """A shard cut short after it was indexed (read between the index and the bytes): a clear error, locally
+    and through ranged reads, never a short member passed on."""
+    path = tmp_path / "cut.tar"
+    shutil.copy(shards[0], path)
+
+    class Ranged(fsspec.implementations.local.LocalFileSystem):  # reads as an object store does
+        pass
+
+    for fs in (local(), Ranged()):
+        reader = wdsr.WebDatasetReader(fs, "w", ["jpg", "txt"], 64)
+        index = reader.index(str(path))
+        _, picks = reader._wanted(index, 0, len(index))
+        members, lengths = reader._lengths(str(path), index, picks)
+        with open(path, "r+b") as f:
+            f.truncate(int(index.offsets[members[-1]]) + 1)
+        with pytest.raises(SourceError, match="shorter than its index says"):
+            reader._fetch(str(path), index, members, lengths)
+        shutil.copy(shards[0], path)

@@ -141,8 +141,8 @@ class ZephonLoader:
         kind = self.program.stage_kinds[source][stage] or self._default_kind
         if kind == "process" and not self.program.stage_kinds[source][stage] and \
                 self.program.stages.reads_only(source, stage):
-            # Nothing to compute, only a read (I/O, the GIL released): another process would add a copy of
-            # every value on the way back and win nothing. The pool's threads' twin reads it here.
+            # Nothing to compute, only a read (I/O, the GIL released): a worker process would add a copy of
+            # every value on the way back and win nothing, so threads of this process read it.
             kind = "thread"
         if kind not in self._executors:
             if not self._own_executors:

@@ -481,7 +481,7 @@ class WebDatasetReader:
                 except FileNotFoundError:
                     raise self._missing(path) from None
                 if len(blob) != hi - lo:
-                    self._short(path, len(blob), lo, hi)
+                    raise self._short(path, len(blob), lo, hi)
                 if b - a == 1 and len(blob) == lengths[a]:
                     out[int(members[a])] = blob
                     continue
@@ -496,6 +496,6 @@ class WebDatasetReader:
         return SourceError(f"source '{self.source}': shard {path} is missing; it was listed when the run was "
                            f"planned. Restore it or start a new run.")
 
-    def _short(self, path: str, got: int, lo: int, hi: int) -> None:
-        raise SourceError(f"source '{self.source}': shard {path} is shorter than its index says (read "
-                          f"{got} of bytes [{lo}, {hi})): it changed since it was indexed.")
+    def _short(self, path: str, got: int, lo: int, hi: int) -> SourceError:
+        return SourceError(f"source '{self.source}': shard {path} is shorter than its index says (read "
+                           f"{got} of bytes [{lo}, {hi})): it changed since it was indexed.")
