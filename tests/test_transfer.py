@@ -91,10 +91,17 @@ def test_a_truncated_result_file_is_an_error_not_a_short_value():
     box.close()
 
 
+def _same(record: dict) -> dict:
+    return record
+
+
 def _pipe() -> z.Pipeline:
+    """Records of 40 kB each, through a map: a source with no transform would be read on threads by the pool
+    runner, without worker processes or their outboxes."""
     recs = [{"blob": bytes([i % 251]) * 40_000, "n": i} for i in range(400)]
     return (z.Pipeline(seed=1, lanes=4, flush_every=2)
-            .source("m", z.read.records(recs, columns=["blob", "n"], chunk_rows=16)).batch(rows_per_lane=4))
+            .source("m", z.read.records(recs, columns=["blob", "n"], chunk_rows=16))
+            .map(_same, version="1").batch(rows_per_lane=4))
 
 
 def _outboxes() -> set[str]:
