@@ -170,7 +170,7 @@ def test_oversize_members_are_not_read(shards):
     assert [g.get("jpg") for g in read_all(reader, shards[:1], 1)] == expect  # ranged reads (object stores)
     assert calls
     reader = wdsr.WebDatasetReader(local(), "w", ["jpg", "txt"], 64, DocLimit(1000, "skip"))
-    assert [g.get("jpg") for g in read_all(reader, shards[:1], 1)] == expect  # one pread per member (local)
+    assert [g.get("jpg") for g in read_all(reader, shards[:1], 1)] == expect  # local: pread in spans
     with pytest.raises(SourceError, match="max_doc_bytes"):
         read_all(wdsr.WebDatasetReader(local(), "w", ["jpg"], 64, DocLimit(1000, "error")), shards[:1], 1)
     short = read_all(wdsr.WebDatasetReader(local(), "w", ["txt"], 64, DocLimit(12, "truncate")), shards[:1], 1)
@@ -283,3 +283,19 @@ def test_a_shard_shorter_than_its_index_is_an_error_naming_it(shards, tmp_path):
         with pytest.raises(SourceError, match="shorter than its index says"):
             reader._fetch(str(path), index, members, lengths)
         shutil.copy(shards[0], path)
+
+
+def test_local_reads_complete_spans_that_one_pread_returns_short(shards, monkeypatch):
+    """Linux returns at most ~2 GiB from one pread: a larger span must be read on, not called short. Here
+    pread is capped at 1,000 bytes a call (the same short returns, without 2 GiB of test data)."""
+    real = os.pread
+    calls = {"n": 0}
+
+    def capped(fd, n, offset):
+        calls["n"] += 1
+        return real(fd, min(n, 1000), offset)
+
+    expect = read_all(wdsr.WebDatasetReader(local(), "w", ["jpg", "txt"], 64), shards[:1], 1)
+    monkeypatch.setattr(wdsr.os, "pread", capped)
+    assert read_all(wdsr.WebDatasetReader(local(), "w", ["jpg", "txt"], 64), shards[:1], 1) == expect
+    assert calls["n"] > len(expect)  # spans were read in many calls

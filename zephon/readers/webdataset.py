@@ -308,6 +308,21 @@ def _version(info: dict) -> str:
     return ""
 
 
+def _pread_all(fd: int, n: int, offset: int) -> bytes:
+    """``n`` bytes at ``offset``, fewer only at the end of the file: one ``pread`` returns at most ~2 GiB."""
+    blob = os.pread(fd, n, offset)
+    if len(blob) == n or not blob:
+        return blob
+    parts, got = [blob], len(blob)
+    while got < n:
+        more = os.pread(fd, n - got, offset + got)
+        if not more:
+            break
+        parts.append(more)
+        got += len(more)
+    return b"".join(parts)
+
+
 # -- columns ---------------------------------------------------------------------------------------------
 def parse_columns(columns: Sequence[str] | None) -> list[tuple[str, tuple[str, ...]]] | None:
     """``[(field, extensions)]`` for the column specs, or None for ``"*"`` (every member)."""
@@ -477,7 +492,7 @@ class WebDatasetReader:
         try:
             for lo, hi, a, b in spans:
                 try:  # one call (one GIL release) per span: many small reads would hand the GIL back and forth
-                    blob = os.pread(fd, hi - lo, lo) if local else self.fs.cat_file(path, start=lo, end=hi)
+                    blob = _pread_all(fd, hi - lo, lo) if local else self.fs.cat_file(path, start=lo, end=hi)
                 except FileNotFoundError:
                     raise self._missing(path) from None
                 if len(blob) != hi - lo:
