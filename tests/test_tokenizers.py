@@ -192,3 +192,60 @@ def test_missing_tokenizer_file_names_the_path(kind, tmp_path):
     with pytest.raises(FileNotFoundError) as info:
         load_tokenizer(TokenizerSpec(kind=kind, path=str(missing)))
     assert str(missing) in str(info.value) and "tokenizer.path" in str(info.value)
+
+
+# -- the tokenizers' own thread pool under Zephon's threads ---------------------------------------------
+def _hf_loader(corpus: Path, hf_tokenizer: Path, workers: int):
+    from tests.conftest import base_recipe_dict
+    from zephon import build_loader
+
+    return build_loader(recipe_from_dict(base_recipe_dict(corpus, {"kind": "huggingface", "path": str(hf_tokenizer)})),
+                        num_workers=workers, runner="thread")
+
+
+def _digests(loader, steps: int = 6) -> list[str]:
+    from zephon import batch_digest
+
+    try:
+        return [batch_digest(next(loader)) for _ in range(steps)]
+    finally:
+        loader.close()
+
+
+@pytest.fixture
+def no_parallelism_setting(monkeypatch):
+    """TOKENIZERS_PARALLELISM unset for the test, and restored to what it was after it."""
+    monkeypatch.setenv("TOKENIZERS_PARALLELISM", "placeholder")  # records the original value for the undo
+    monkeypatch.delenv("TOKENIZERS_PARALLELISM")
+    yield monkeypatch
+
+
+def test_thread_workers_that_fill_the_cores_turn_the_tokenizers_pool_off(corpus, hf_tokenizer, no_parallelism_setting):
+    """As many tokenize threads as cores: the Hugging Face pool is turned off (the threads are the
+    parallelism); fewer: left on; a value the user set: never changed. The batches are the same."""
+    import os
+
+    from zephon.engine import executors
+
+    no_parallelism_setting.setattr(executors, "usable_cores", lambda: 2)
+    fewer = _digests(_hf_loader(corpus, hf_tokenizer, 1))
+    assert "TOKENIZERS_PARALLELISM" not in os.environ
+    filled = _digests(_hf_loader(corpus, hf_tokenizer, 2))
+    assert os.environ.get("TOKENIZERS_PARALLELISM") == "false"
+    assert filled == fewer
+
+    no_parallelism_setting.setenv("TOKENIZERS_PARALLELISM", "true")
+    assert _digests(_hf_loader(corpus, hf_tokenizer, 3)) == fewer
+    assert os.environ["TOKENIZERS_PARALLELISM"] == "true"
+
+
+def test_the_pool_stays_on_for_tokenizers_without_one(make_recipe, no_parallelism_setting):
+    """A pipeline whose tokenizer is not a Hugging Face one leaves the variable alone."""
+    import os
+
+    from zephon import build_loader
+    from zephon.engine import executors
+
+    no_parallelism_setting.setattr(executors, "usable_cores", lambda: 1)
+    build_loader(make_recipe(), num_workers=2, runner="thread").close()
+    assert "TOKENIZERS_PARALLELISM" not in os.environ

@@ -46,9 +46,10 @@ from _common import (  # noqa: E402
     REPO, child_env, fmt_table, machine_info, only_patterns, pin_cpus, require_data, select_configs,
 )
 
-# counter file layout, int64 each: tokens delivered, ready flag (1 ready, -1 failed), stop flag
-TOKENS, READY, STOP = range(3)
-COUNTER_BYTES = 24
+# counter file layout, int64 each: tokens delivered, ready flag (1 ready, -1 failed), stop flag, CPU
+# microseconds its threads spent inside the tokenizer's batch calls (--tokenizer-cpu)
+TOKENS, READY, STOP, TOKENIZER_US = range(4)
+COUNTER_BYTES = 32
 
 
 def _counter(path: str | Path):
@@ -74,6 +75,38 @@ def _tokenizer_alone_batches(data: Path, tokens_per_batch: int, threads: int = 0
             yield None
 
 
+def _count_tokenizer_cpu(counter) -> None:
+    """Make every Hugging Face tokenizer loaded from a file in this process add the CPU time its calling
+    thread spends in ``encode_batch_fast`` (the tokenizer's own work when its thread pool is off) to the
+    shared counter: the split of CPU per token between the tokenizer and everything else."""
+    import threading
+
+    import tokenizers
+
+    real, lock = tokenizers.Tokenizer, threading.Lock()
+
+    class Counted:
+        def __init__(self, tok: Any) -> None:
+            self._tok = tok
+
+        @classmethod
+        def from_file(cls, path: str) -> "Counted":
+            return cls(real.from_file(path))
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self._tok, name)
+
+        def encode_batch_fast(self, *a: Any, **kw: Any) -> Any:
+            t = time.thread_time()
+            out = self._tok.encode_batch_fast(*a, **kw)
+            used = int((time.thread_time() - t) * 1e6)
+            with lock:  # a read-modify-write of shared memory, from several threads
+                counter[TOKENIZER_US] += used
+            return out
+
+    tokenizers.Tokenizer = Counted
+
+
 def child(task: dict[str, Any]) -> None:
     src = task["config"].get("zephon_src")
     if src:  # a "_before" configuration: that checkout's zephon/, imported before anything else imports one
@@ -82,6 +115,8 @@ def child(task: dict[str, Any]) -> None:
 
     data, cfg, batch, seq_len = Path(task["data"]), task["config"], task["batch"], task["seq_len"]
     counter = _counter(task["counter"])
+    if task.get("tokenizer_cpu"):
+        _count_tokenizer_cpu(counter)
     pin_cpus(cfg)
     result: dict[str, Any] = {"name": cfg["name"], "digests": []}
     try:
@@ -127,11 +162,17 @@ class Slot:
         self.counter_path.write_bytes(b"\0" * COUNTER_BYTES)
         self.counter = _counter(self.counter_path)
         env = child_env()
+        for k, v in cfg.get("env", {}).items():  # None: unset (the user's default)
+            if v is None:
+                env.pop(k, None)
+            else:
+                env[k] = v
         task = {**task, "config": cfg, "counter": str(self.counter_path), "out": str(self.out)}
         self.log = open(tmp / f"{self.name}.log", "wb")
         self.proc = subprocess.Popen([sys.executable, __file__, "--_slice", json.dumps(task)], env=env,
                                      cwd=str(REPO), stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
         self.slices: list[tuple[float, int, float]] = []  # (seconds, tokens, CPU seconds) per slice
+        self.tokenizer_cpu = 0.0  # CPU seconds in the tokenizer's calls over all slices (--tokenizer-cpu)
         self.error: str | None = None
 
     def cpu_seconds(self) -> float:
@@ -173,6 +214,7 @@ class Slot:
 
     def run_slice(self, seconds: float) -> float:
         before, cpu_before = int(self.counter[TOKENS]), self.cpu_seconds()
+        tok_us = int(self.counter[TOKENIZER_US])
         t = time.perf_counter()
         self.thaw()
         time.sleep(seconds)
@@ -180,6 +222,7 @@ class Slot:
         dt = time.perf_counter() - t
         time.sleep(0.02)  # let the stop land before reading the counter
         self.slices.append((dt, int(self.counter[TOKENS]) - before, self.cpu_seconds() - cpu_before))
+        self.tokenizer_cpu += (int(self.counter[TOKENIZER_US]) - tok_us) / 1e6
         return self.slices[-1][1] / dt
 
     def totals(self) -> tuple[float, int, float]:
@@ -247,6 +290,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--flush-by", default="", choices=("", "units", "chunks"),
                     help="this checkout's Zephon configurations with this sentinel cadence (units: the batches "
                          "of a checkout from before flush_by existed, so --zephon-src hashes agree)")
+    ap.add_argument("--tokenizer-cpu", action="store_true",
+                    help="also split each configuration's CPU per token into the tokenizer's calls and the rest")
+    ap.add_argument("--tokenizer-pool", action="store_true",
+                    help="also run every chosen Zephon configuration with the tokenizer's thread pool as a user "
+                         "gets it (NAME_pool_default: TOKENIZERS_PARALLELISM and RAYON_NUM_THREADS unset, Zephon "
+                         "decides) and forced on (NAME_pool_on: TOKENIZERS_PARALLELISM=true); NAME itself runs "
+                         "with it off, as every configuration here does")
     ap.add_argument("--json", default="")
     args = ap.parse_args(argv)
     data = Path(args.data).resolve()
@@ -273,10 +323,16 @@ def main(argv: list[str] | None = None) -> int:
                 params = {k: v for k, v in c.get("params", {}).items() if k != "flush_by"}
                 before.append({**c, "name": c["name"] + "_before", "params": params, "zephon_src": src})
         cfgs += before
+    if args.tokenizer_pool:
+        variants = {"_pool_default": {"TOKENIZERS_PARALLELISM": None, "RAYON_NUM_THREADS": None},
+                    "_pool_on": {"TOKENIZERS_PARALLELISM": "true", "RAYON_NUM_THREADS": None}}
+        cfgs += [{**c, "name": c["name"] + suffix, "env": env} for c in cfgs if c["kind"] == "zephon"
+                 for suffix, env in variants.items()]
     import zephon
     recipe = zephon.load_recipe(data / "recipe.toml")
     batch, seq_len = recipe.global_batch_size, recipe.seq_len
-    task = {"data": str(data), "batch": batch, "seq_len": seq_len, "warmup": args.warmup}
+    task = {"data": str(data), "batch": batch, "seq_len": seq_len, "warmup": args.warmup,
+            "tokenizer_cpu": args.tokenizer_cpu}
     print(f"# sliced text pipeline: [{batch}, {seq_len}], {len(cfgs)} configurations, warm-up {args.warmup} "
           f"batches alone, then {args.passes} passes x {args.slice:g} s slices in random order")
     print(f"# machine: {machine_info()}", flush=True)
@@ -308,7 +364,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def report(cfgs, slots, results, per_pass, args, total_s) -> int:
-    rows, out = [], {}
+    rows, out, split_rows = [], {}, []
     totals = {s.name: s.totals() for s in slots if s.slices}
     ref = {name: tokens / max(1e-9, wall) for name, (wall, tokens, _) in totals.items()}
     base = ref.get("tokenizer_alone")
@@ -329,7 +385,12 @@ def report(cfgs, slots, results, per_pass, args, total_s) -> int:
         rows.append([s.name, f"{ref[s.name] / 1e3:,.0f}", f"{ref[s.name] / base:.2f}" if base else "-",
                      f"{ref[s.name] / ceil:.2f}" if ceil else "-", f"{q[0] / 1e3:,.0f}-{q[2] / 1e3:,.0f}", f"{cpu / wall:.2f}",
                      f"{tokens / cpu / 1e3:,.0f}" if cpu else "-", f"{r.get('first_batch_s', 0):.1f}", ""])
+        if args.tokenizer_cpu and tokens:
+            per_m = 1e6 / tokens
+            split_rows.append([s.name, f"{cpu * per_m:.3f}", f"{s.tokenizer_cpu * per_m:.3f}",
+                               f"{(cpu - s.tokenizer_cpu) * per_m:.3f}"])
         out[s.name] = {"tokens_per_s": ref[s.name], "slice_tokens_per_s": rates, "cores": cpu / wall,
+                       "tokenizer_cpu_s": s.tokenizer_cpu if args.tokenizer_cpu else None,
                        "tokens_per_cpu_s": tokens / cpu if cpu else None, "slice_cpu_s": [c for _, _, c in s.slices],
                        "first_batch_s": r.get("first_batch_s"), "digests": r.get("digests")}
     print()
@@ -337,6 +398,12 @@ def report(cfgs, slots, results, per_pass, args, total_s) -> int:
                      "cores busy", "k tok/CPU-s", "1st batch s", "error"], rows, align="lrrrrrrrl"))
     print("x ceiling: against the tokenizer alone on as many helper threads as the configuration has workers "
           "(tokenizer_alone_thread for 0-1, tokenizer_alone_2threads for 2)")
+    if split_rows:
+        print()
+        print(fmt_table(["config", "CPU s per M tokens", "in tokenizer calls", "the rest"], split_rows, align="lrrr"))
+        print("tokens: the batches' tokens (padding included) for loaders, the ids made for the tokenizer alone; "
+              "'in tokenizer calls' is the calling threads' CPU inside encode_batch_fast (the tokenizer's own "
+              "thread pool is off in these children, so that is all of its work; not so for _pool_ variants)")
     # determinism: every Zephon configuration of one pack algorithm hashed the same warm-up batches
     lines, mismatch, zephon_failed = _targets.zephon_hash_check({c["name"]: {**c, **results[c["name"]]}
                                                                  for c in cfgs if c["name"] in results})

@@ -15,6 +15,7 @@ forkserver; the program is sent once, at start-up, so user functions must be pic
 
 from __future__ import annotations
 
+import logging
 import os
 import pickle
 from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
@@ -76,6 +77,34 @@ class InlineExecutor:
         pass
 
 
+def usable_cores() -> int:
+    """The CPUs this process may run on (its affinity mask where the platform has one)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS, Windows
+        return os.cpu_count() or 1
+
+
+def serial_hf_tokenizers(program: StageProgram, num_threads: int) -> bool:
+    """Turn off the Hugging Face tokenizers' own thread pool when ``num_threads`` Zephon threads already
+    fill this process's cores; True if this call turned it off.
+
+    ``encode_batch_fast`` spreads each call over a Rayon pool with a thread per core. Called from as many
+    threads as there are cores, that pool and the callers compete for the same cores: the calls queue
+    behind each other instead of running side by side (BENCHMARKS.md section 4e). With fewer threads
+    than cores the pool is what uses the idle cores, so it stays on. A value the user set is never
+    changed: the variable is process-wide."""
+    if "TOKENIZERS_PARALLELISM" in os.environ or num_threads < usable_cores():
+        return False
+    if not any(getattr(getattr(t, "spec", None), "kind", None) == "huggingface" for t in program.transforms()):
+        return False
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    logging.getLogger("zephon").info(
+        "zephon: TOKENIZERS_PARALLELISM=false: %d tokenize threads already fill the %d cores this process may "
+        "use (set the variable yourself to choose)", num_threads, usable_cores())
+    return True
+
+
 class ThreadExecutor:
     """Tasks on ``num_workers`` threads of this process."""
 
@@ -85,6 +114,7 @@ class ThreadExecutor:
         if num_workers < 1:
             raise ValueError(f"a thread executor needs num_workers >= 1, got {num_workers}")
         self.program, self.num_workers = program, num_workers
+        serial_hf_tokenizers(program, num_workers)  # before setup(): no tokenizer call has run yet
         program.setup()
         self._pool: ThreadPoolExecutor | None = ThreadPoolExecutor(num_workers, thread_name_prefix="zephon-chunk")
 
