@@ -22,6 +22,8 @@ from tokenizers import Tokenizer as HFTokenizer
 from zephon import RecipeError, TokenizerSpec, load_tokenizer, recipe_from_dict
 from zephon.tokenization import CL100K_PATTERN
 
+from .conftest import base_recipe_dict
+
 KINDS = ("sentencepiece", "huggingface", "tiktoken")
 EXTRA = ["", "héllo wörld — naïve café", "日本語のテキストです。", "emoji 😀🎉 and\ttabs\r\nCRLF", "x",
          "  leading and trailing  ", "\n\n\n", "a" * 3000, "def f(x):\n    return x ** 2\n"]
@@ -195,12 +197,11 @@ def test_missing_tokenizer_file_names_the_path(kind, tmp_path):
 
 
 # -- the tokenizers' own thread pool under Zephon's threads ---------------------------------------------
-def _hf_loader(corpus: Path, hf_tokenizer: Path, workers: int):
-    from tests.conftest import base_recipe_dict
+def _hf_loader(corpus: Path, hf_tokenizer: Path, workers: int, runner: str = "thread"):
     from zephon import build_loader
 
     return build_loader(recipe_from_dict(base_recipe_dict(corpus, {"kind": "huggingface", "path": str(hf_tokenizer)})),
-                        num_workers=workers, runner="thread")
+                        num_workers=workers, runner=runner)
 
 
 def _digests(loader, steps: int = 6) -> list[str]:
@@ -213,39 +214,80 @@ def _digests(loader, steps: int = 6) -> list[str]:
 
 
 @pytest.fixture
-def no_parallelism_setting(monkeypatch):
-    """TOKENIZERS_PARALLELISM unset for the test, and restored to what it was after it."""
-    monkeypatch.setenv("TOKENIZERS_PARALLELISM", "placeholder")  # records the original value for the undo
-    monkeypatch.delenv("TOKENIZERS_PARALLELISM")
+def two_cores_no_setting(monkeypatch):
+    """TOKENIZERS_PARALLELISM unset and two usable cores for the test; the variable is restored after it."""
+    from zephon.engine import tokenizer_pool
+
+    monkeypatch.setenv(tokenizer_pool.VARIABLE, "placeholder")  # records the original value for the undo
+    monkeypatch.delenv(tokenizer_pool.VARIABLE)
+    monkeypatch.setattr(tokenizer_pool, "usable_cores", lambda: 2)
     yield monkeypatch
 
 
-def test_thread_workers_that_fill_the_cores_turn_the_tokenizers_pool_off(corpus, hf_tokenizer, no_parallelism_setting):
-    """As many tokenize threads as cores: the Hugging Face pool is turned off (the threads are the
-    parallelism); fewer: left on; a value the user set: never changed. The batches are the same."""
+def test_thread_workers_that_fill_the_cores_turn_the_tokenizers_pool_off(corpus, hf_tokenizer, two_cores_no_setting,
+                                                                          caplog):
+    """As many tokenize threads as cores: the Hugging Face pool is off while the loader is open, and back
+    on (the variable removed) once it closes; fewer threads: left on. The batches are the same."""
+    import logging
     import os
 
-    from zephon.engine import executors
-
-    no_parallelism_setting.setattr(executors, "usable_cores", lambda: 2)
     fewer = _digests(_hf_loader(corpus, hf_tokenizer, 1))
     assert "TOKENIZERS_PARALLELISM" not in os.environ
-    filled = _digests(_hf_loader(corpus, hf_tokenizer, 2))
+    with caplog.at_level(logging.INFO, logger="zephon"):
+        loader = _hf_loader(corpus, hf_tokenizer, 2)
     assert os.environ.get("TOKENIZERS_PARALLELISM") == "false"
-    assert filled == fewer
+    assert "2 tokenize threads fill the 2 cores" in caplog.text
+    other = _hf_loader(corpus, hf_tokenizer, 1)  # process-wide: it runs serially too while the first is open
+    assert _digests(loader) == fewer
+    assert "TOKENIZERS_PARALLELISM" not in os.environ  # the holder closed: `other`, with fewer threads, has the pool
+    assert _digests(other) == fewer
 
-    no_parallelism_setting.setenv("TOKENIZERS_PARALLELISM", "true")
-    assert _digests(_hf_loader(corpus, hf_tokenizer, 3)) == fewer
-    assert os.environ["TOKENIZERS_PARALLELISM"] == "true"
+
+def test_the_setting_lasts_until_the_last_loader_holding_it_closes(corpus, hf_tokenizer, two_cores_no_setting):
+    import os
+
+    first, second = _hf_loader(corpus, hf_tokenizer, 2), _hf_loader(corpus, hf_tokenizer, 2)
+    _digests(first, steps=1)
+    assert os.environ.get("TOKENIZERS_PARALLELISM") == "false"  # Zephon's own value, not mistaken for the user's
+    _digests(second, steps=1)
+    assert "TOKENIZERS_PARALLELISM" not in os.environ
 
 
-def test_the_pool_stays_on_for_tokenizers_without_one(make_recipe, no_parallelism_setting):
-    """A pipeline whose tokenizer is not a Hugging Face one leaves the variable alone."""
+def test_a_value_the_user_set_is_never_changed(corpus, hf_tokenizer, two_cores_no_setting):
+    import os
+
+    for value in ("true", "false"):
+        two_cores_no_setting.setenv("TOKENIZERS_PARALLELISM", value)
+        _digests(_hf_loader(corpus, hf_tokenizer, 3), steps=1)
+        assert os.environ["TOKENIZERS_PARALLELISM"] == value  # a user's "false" is not removed at close either
+
+
+def test_the_pool_is_left_alone_where_no_thread_tokenizes(make_recipe, corpus, hf_tokenizer, two_cores_no_setting):
+    """A pipeline whose tokenizer is not a Hugging Face one, and the pool runner (the tokenizer runs in worker
+    processes, which set the variable themselves), leave the trainer's variable alone."""
     import os
 
     from zephon import build_loader
-    from zephon.engine import executors
 
-    no_parallelism_setting.setattr(executors, "usable_cores", lambda: 1)
     build_loader(make_recipe(), num_workers=2, runner="thread").close()
     assert "TOKENIZERS_PARALLELISM" not in os.environ
+    loader = _hf_loader(corpus, hf_tokenizer, 2, runner="pool")
+    assert "TOKENIZERS_PARALLELISM" not in os.environ
+    _digests(loader, steps=1)
+
+
+def test_a_containers_cpu_limit_counts_as_its_cores(tmp_path):
+    from zephon.engine.tokenizer_pool import cgroup_cpus
+
+    assert cgroup_cpus(tmp_path) is None  # no cgroup files: no limit
+    (tmp_path / "cpu.max").write_text("max 100000\n")
+    assert cgroup_cpus(tmp_path) is None
+    (tmp_path / "cpu.max").write_text("250000 100000\n")
+    assert cgroup_cpus(tmp_path) == 3  # 2.5 CPUs of time: three threads can all be busy part of it
+    (tmp_path / "cpu.max").unlink()
+    (tmp_path / "cpu").mkdir()
+    (tmp_path / "cpu" / "cpu.cfs_quota_us").write_text("400000\n")
+    (tmp_path / "cpu" / "cpu.cfs_period_us").write_text("100000\n")
+    assert cgroup_cpus(tmp_path) == 4
+    (tmp_path / "cpu" / "cpu.cfs_quota_us").write_text("-1\n")
+    assert cgroup_cpus(tmp_path) is None

@@ -17,6 +17,7 @@ from .collate_records import collate_records
 from .compile import CompiledPipeline
 from .engine.counters import LaneCounters
 from .engine.executors import EXECUTOR_KINDS, Executor, make_executor
+from .engine.tokenizer_pool import uses_hf_tokenizer
 from .engine.hosts import LocalLanes, ProcessLanes
 from .engine.lane import InterventionTooLate, lane_depth
 from .pipeline import Pipeline
@@ -137,18 +138,27 @@ class ZephonLoader:
         """The work plan (files, units, routing) this loader reads from."""
         return self.program.plan
 
-    def _executor_for(self, source: int, stage: int) -> Executor:
+    def _kind_of(self, source: int, stage: int) -> str:
+        """The executor kind stage ``stage`` of source ``source`` runs on."""
         kind = self.program.stage_kinds[source][stage] or self._default_kind
         if kind == "process" and not self.program.stage_kinds[source][stage] and \
                 self.program.stages.reads_only(source, stage):
             # Nothing to compute, only a read (I/O, the GIL released): a worker process would add a copy of
             # every value on the way back and win nothing, so threads of this process read it.
             kind = "thread"
+        return kind
+
+    def _executor_for(self, source: int, stage: int) -> Executor:
+        kind = self._kind_of(source, stage)
         if kind not in self._executors:
             if not self._own_executors:
                 kind = next(iter(self._executors))
             else:
-                self._executors[kind] = make_executor(kind, self.program.stages, self.num_workers,
+                stages = self.program.stages.stages
+                hf = kind == "thread" and uses_hf_tokenizer(
+                    t for s, per_source in enumerate(stages) for k, st in enumerate(per_source)
+                    if self._kind_of(s, k) == "thread" for t in st.transforms)
+                self._executors[kind] = make_executor(kind, self.program.stages, self.num_workers, hf_tokenizing=hf,
                                                       **(self._ray if kind == "ray" else {}))
         return self._executors[kind]
 

@@ -14,6 +14,7 @@ from typing import Any, Sequence
 
 from .collate import global_digest
 from .engine.executors import Executor, make_executor
+from .engine.tokenizer_pool import uses_hf_tokenizer
 from .loader import as_pipeline, build_loader
 from .plan import WorkPlan
 from .state import merge_states
@@ -48,7 +49,8 @@ def _shared_executor(program: Any, num_workers: int, runner: str) -> Executor | 
     runners (``runner="process"``) belong to each loader."""
     if runner in ("process", "ray-lanes") and num_workers:
         return None
-    return make_executor(_KIND.get(runner, runner) if num_workers else "inline", program.stages, num_workers)
+    return make_executor(_KIND.get(runner, runner) if num_workers else "inline", program.stages, num_workers,
+                         hf_tokenizing=uses_hf_tokenizer(program.stages.transforms()))
 
 
 def global_hashes(pipeline: Any, world_size: int, steps: int, num_workers: int = 0, runner: str = "thread",

@@ -79,13 +79,17 @@ def zephon_hash_check(results: dict[str, dict[str, Any]]) -> tuple[list[str], bo
     return lines, mismatch, bool(failed)
 
 
+VARIANT_MARKS = ("_1cpu", "_pool_default", "_pool_on")
+
+
 def _per_round(per_cfg: dict[str, list[dict[str, Any]]], pattern: str,
                metric: str = "tokens_per_s") -> dict[str, list[float | None]]:
-    """Per-round ``metric`` of the configurations ``pattern`` matches. Pinned (``_1cpu``) configurations
+    """Per-round ``metric`` of the configurations ``pattern`` matches. Pinned (``_1cpu``) configurations and
+    the tokenizer-pool variants (``_pool_default``, ``_pool_on``: another environment than the peers')
     match only a pattern that names them: they are baselines, not contenders for "best runner"."""
     out = {}
     for name, rounds in per_cfg.items():
-        if name.endswith("_1cpu") and not pattern.endswith("_1cpu"):
+        if any(v in name and v not in pattern for v in VARIANT_MARKS):
             continue
         if fnmatch.fnmatchcase(name, pattern):
             out[name] = [r[metric] if r.get("ok") else None for r in rounds]

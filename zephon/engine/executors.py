@@ -15,7 +15,6 @@ forkserver; the program is sent once, at start-up, so user functions must be pic
 
 from __future__ import annotations
 
-import logging
 import os
 import pickle
 from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
@@ -23,6 +22,7 @@ from concurrent.futures.process import BrokenProcessPool
 from typing import Any, Protocol
 
 from ..worker_guard import Trainer, exit_with, this_process
+from . import tokenizer_pool
 from .stages import StageProgram
 from .transfer import Outbox, discard, receive, share
 
@@ -77,44 +77,17 @@ class InlineExecutor:
         pass
 
 
-def usable_cores() -> int:
-    """The CPUs this process may run on (its affinity mask where the platform has one)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # macOS, Windows
-        return os.cpu_count() or 1
-
-
-def serial_hf_tokenizers(program: StageProgram, num_threads: int) -> bool:
-    """Turn off the Hugging Face tokenizers' own thread pool when ``num_threads`` Zephon threads already
-    fill this process's cores; True if this call turned it off.
-
-    ``encode_batch_fast`` spreads each call over a Rayon pool with a thread per core. Called from as many
-    threads as there are cores, that pool and the callers compete for the same cores: the calls queue
-    behind each other instead of running side by side (BENCHMARKS.md section 4e). With fewer threads
-    than cores the pool is what uses the idle cores, so it stays on. A value the user set is never
-    changed: the variable is process-wide."""
-    if "TOKENIZERS_PARALLELISM" in os.environ or num_threads < usable_cores():
-        return False
-    if not any(getattr(getattr(t, "spec", None), "kind", None) == "huggingface" for t in program.transforms()):
-        return False
-    os.environ["TOKENIZERS_PARALLELISM"] = "false"
-    logging.getLogger("zephon").info(
-        "zephon: TOKENIZERS_PARALLELISM=false: %d tokenize threads already fill the %d cores this process may "
-        "use (set the variable yourself to choose)", num_threads, usable_cores())
-    return True
-
-
 class ThreadExecutor:
     """Tasks on ``num_workers`` threads of this process."""
 
     kind = "thread"
 
-    def __init__(self, program: StageProgram, num_workers: int) -> None:
+    def __init__(self, program: StageProgram, num_workers: int, hf_tokenizing: bool = False) -> None:
         if num_workers < 1:
             raise ValueError(f"a thread executor needs num_workers >= 1, got {num_workers}")
         self.program, self.num_workers = program, num_workers
-        serial_hf_tokenizers(program, num_workers)  # before setup(): no tokenizer call has run yet
+        # its threads run Hugging Face tokenizers: their own thread pool may have to give way to them
+        self._serial = hf_tokenizing and tokenizer_pool.acquire(num_workers)
         program.setup()
         self._pool: ThreadPoolExecutor | None = ThreadPoolExecutor(num_workers, thread_name_prefix="zephon-chunk")
 
@@ -126,6 +99,9 @@ class ThreadExecutor:
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
             self._pool = None
+        if self._serial:
+            self._serial = False
+            tokenizer_pool.release()
 
 
 # -- process pool ---------------------------------------------------------------------------------------
@@ -224,8 +200,10 @@ class ProcessExecutor:
             self._outbox.close()  # with the results the pool wrote that were never asked for
 
 
-def make_executor(kind: str, program: StageProgram, num_workers: int, **options: Any) -> Executor:
-    """The executor of ``kind`` (``num_workers`` 0 always gives the inline one)."""
+def make_executor(kind: str, program: StageProgram, num_workers: int, hf_tokenizing: bool = False,
+                  **options: Any) -> Executor:
+    """The executor of ``kind`` (``num_workers`` 0 always gives the inline one). ``hf_tokenizing``: the
+    stages it will run tokenize with Hugging Face tokenizers (see :mod:`zephon.engine.tokenizer_pool`)."""
     if kind not in EXECUTOR_KINDS:
         raise ValueError(f"executor kind must be one of {EXECUTOR_KINDS}, got {kind!r}")
     if num_workers < 0:
@@ -233,7 +211,7 @@ def make_executor(kind: str, program: StageProgram, num_workers: int, **options:
     if kind == "inline" or num_workers == 0:
         return InlineExecutor(program)
     if kind == "thread":
-        return ThreadExecutor(program, num_workers)
+        return ThreadExecutor(program, num_workers, hf_tokenizing)
     if kind == "process":
         return ProcessExecutor(program, num_workers)
     from .ray_executor import RayExecutor
