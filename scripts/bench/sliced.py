@@ -293,10 +293,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tokenizer-cpu", action="store_true",
                     help="also split each configuration's CPU per token into the tokenizer's calls and the rest")
     ap.add_argument("--tokenizer-pool", action="store_true",
-                    help="also run every chosen Zephon configuration of this checkout with the tokenizer's thread pool as a user "
-                         "gets it (NAME_pool_default: TOKENIZERS_PARALLELISM and RAYON_NUM_THREADS unset, Zephon "
-                         "decides) and forced on (NAME_pool_on: TOKENIZERS_PARALLELISM=true); NAME itself runs "
-                         "with it off, as every configuration here does")
+                    help="also run every chosen Zephon configuration with the tokenizer's thread pool as a user gets it "
+                         "(NAME_pool_default: TOKENIZERS_PARALLELISM and RAYON_NUM_THREADS unset; this checkout "
+                         "decides, a --zephon-src checkout from before that rule leaves the pool on) and forced "
+                         "on (NAME_pool_on: TOKENIZERS_PARALLELISM=true); NAME itself runs with it off, as every "
+                         "configuration here does")
     ap.add_argument("--json", default="")
     args = ap.parse_args(argv)
     data = Path(args.data).resolve()
@@ -326,8 +327,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.tokenizer_pool:
         variants = {"_pool_default": {"TOKENIZERS_PARALLELISM": None, "RAYON_NUM_THREADS": None},
                     "_pool_on": {"TOKENIZERS_PARALLELISM": "true", "RAYON_NUM_THREADS": None}}
-        cfgs += [{**c, "name": c["name"] + suffix, "env": env} for c in cfgs
-                 if c["kind"] == "zephon" and not c.get("zephon_src") for suffix, env in variants.items()]
+        cfgs += [{**c, "name": c["name"] + suffix, "env": env} for c in cfgs if c["kind"] == "zephon"
+                 for suffix, env in variants.items()]
     import zephon
     recipe = zephon.load_recipe(data / "recipe.toml")
     batch, seq_len = recipe.global_batch_size, recipe.seq_len
