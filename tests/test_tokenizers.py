@@ -253,6 +253,22 @@ def test_the_setting_lasts_until_the_last_loader_holding_it_closes(corpus, hf_to
     assert "TOKENIZERS_PARALLELISM" not in os.environ
 
 
+def test_an_executor_that_fails_to_start_holds_nothing(two_cores_no_setting):
+    """A reader or tokenizer that fails to load in the executor's start-up leaves the variable as it was."""
+    import os
+
+    from zephon.engine.executors import ThreadExecutor
+
+    class Failing:
+        def setup(self):
+            assert os.environ.get("TOKENIZERS_PARALLELISM") == "false"  # taken before the start-up ran
+            raise OSError("tokenizer file is gone")
+
+    with pytest.raises(OSError, match="gone"):
+        ThreadExecutor(Failing(), 2, hf_tokenizing=True)  # type: ignore[arg-type]
+    assert "TOKENIZERS_PARALLELISM" not in os.environ
+
+
 def test_a_value_the_user_set_is_never_changed(corpus, hf_tokenizer, two_cores_no_setting):
     import os
 

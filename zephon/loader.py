@@ -17,9 +17,9 @@ from .collate_records import collate_records
 from .compile import CompiledPipeline
 from .engine.counters import LaneCounters
 from .engine.executors import EXECUTOR_KINDS, Executor, make_executor
-from .engine.tokenizer_pool import uses_hf_tokenizer
 from .engine.hosts import LocalLanes, ProcessLanes
 from .engine.lane import InterventionTooLate, lane_depth
+from .engine.tokenizer_pool import uses_hf_tokenizer
 from .pipeline import Pipeline
 from .recipe import Recipe, load_recipe
 from .state.checkpoint import STATE_FORMAT, STATE_VERSION, check_compatible, check_container, seal

@@ -88,7 +88,11 @@ class ThreadExecutor:
         self.program, self.num_workers = program, num_workers
         # its threads run Hugging Face tokenizers: their own thread pool may have to give way to them
         self._serial = hf_tokenizing and tokenizer_pool.acquire(num_workers)
-        program.setup()
+        try:
+            program.setup()
+        except BaseException:  # a reader or tokenizer that fails to load: no executor holds the setting
+            self.close()
+            raise
         self._pool: ThreadPoolExecutor | None = ThreadPoolExecutor(num_workers, thread_name_prefix="zephon-chunk")
 
     def submit(self, source: int, stage: int, item: Any) -> Handle:
@@ -96,7 +100,7 @@ class ThreadExecutor:
         return self._pool.submit(self.program.run, source, stage, item)
 
     def close(self) -> None:
-        if self._pool is not None:
+        if getattr(self, "_pool", None) is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
             self._pool = None
         if self._serial:
