@@ -99,9 +99,15 @@ def _tree_pss(proc) -> int:
     return total
 
 
-def child_env(extra_env: dict[str, str] | None = None) -> dict[str, str]:
-    """Environment of a measured child: single-threaded tokenizer/BLAS, scripts/bench and the repo importable."""
-    env = {**os.environ, **SINGLE_THREAD_ENV, **(extra_env or {})}
+def child_env(extra_env: dict[str, str | None] | None = None) -> dict[str, str]:
+    """Environment of a measured child: single-threaded tokenizer/BLAS, scripts/bench and the repo importable.
+    ``extra_env`` overrides it; a value None unsets that variable (as a user who never set it runs)."""
+    env = {**os.environ, **SINGLE_THREAD_ENV}
+    for k, v in (extra_env or {}).items():
+        if v is None:
+            env.pop(k, None)
+        else:
+            env[k] = v
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(HERE), str(REPO), env.get("PYTHONPATH", "")]))
     return env
 

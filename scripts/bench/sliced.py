@@ -161,12 +161,7 @@ class Slot:
         self.counter_path, self.out = tmp / f"{self.name}.counter", tmp / f"{self.name}.json"
         self.counter_path.write_bytes(b"\0" * COUNTER_BYTES)
         self.counter = _counter(self.counter_path)
-        env = child_env()
-        for k, v in cfg.get("env", {}).items():  # None: unset (the user's default)
-            if v is None:
-                env.pop(k, None)
-            else:
-                env[k] = v
+        env = child_env(cfg.get("env"))
         task = {**task, "config": cfg, "counter": str(self.counter_path), "out": str(self.out)}
         self.log = open(tmp / f"{self.name}.log", "wb")
         self.proc = subprocess.Popen([sys.executable, __file__, "--_slice", json.dumps(task)], env=env,

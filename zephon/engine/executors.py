@@ -91,7 +91,7 @@ class ThreadExecutor:
         try:
             program.setup()
         except BaseException:  # a reader or tokenizer that fails to load: no executor holds the setting
-            self.close()
+            self._release_serial()
             raise
         self._pool: ThreadPoolExecutor | None = ThreadPoolExecutor(num_workers, thread_name_prefix="zephon-chunk")
 
@@ -100,9 +100,12 @@ class ThreadExecutor:
         return self._pool.submit(self.program.run, source, stage, item)
 
     def close(self) -> None:
-        if getattr(self, "_pool", None) is not None:
+        if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
             self._pool = None
+        self._release_serial()
+
+    def _release_serial(self) -> None:
         if self._serial:
             self._serial = False
             tokenizer_pool.release()
