@@ -111,40 +111,6 @@ def test_encode_does_not_depend_on_how_documents_are_batched(kind, paths, texts)
     assert np.array_equal(whole, np.concatenate(singles))
 
 
-def test_a_larger_word_cache_changes_no_id(paths, monkeypatch):
-    """Zephon enlarges the HF model's word cache (a memo of each word's merges) past the 10,000 words
-    the library keeps; over a text with far more distinct words than either, every document's ids equal
-    the backend's own, with the library's cache and with none at all."""
-    rng = np.random.default_rng(7)
-    letters = np.array(list("abcdefghijklmnopqrstuvwxyzéü"))
-    words = ["".join(rng.choice(letters, size=int(n))) for n in rng.integers(2, 14, size=60_000)]
-    assert len(set(words)) > 50_000
-    texts = [" ".join(words[k:k + 300]) for k in range(0, len(words), 300)]
-    tok = load_tokenizer(spec("huggingface", paths, add_eos=False))
-    assert tok.word_cache == 50_000
-    monkeypatch.setenv("ZEPHON_HF_WORD_CACHE", "0")
-    library_default = load_tokenizer(spec("huggingface", paths, add_eos=False))
-    assert library_default.word_cache is None
-    no_cache = HFTokenizer.from_file(str(paths["huggingface"]))
-    no_cache.model._resize_cache(0)
-    tokens, offsets = tok.encode(texts + texts)  # the second pass is served from the cache
-    again, _ = library_default.encode(texts + texts)
-    assert np.array_equal(tokens, again)
-    check_framing(tokens, offsets, [no_cache.encode(t, add_special_tokens=False).ids for t in texts + texts])
-
-
-def test_a_word_cache_setting_that_is_no_number_is_refused(paths, monkeypatch):
-    monkeypatch.setenv("ZEPHON_HF_WORD_CACHE", "lots")
-    with pytest.raises(RecipeError, match="ZEPHON_HF_WORD_CACHE='lots' is not a number of words"):
-        load_tokenizer(spec("huggingface", paths))
-    monkeypatch.setenv("ZEPHON_HF_WORD_CACHE", "-5")
-    with pytest.raises(RecipeError, match="whole number"):
-        load_tokenizer(spec("huggingface", paths))
-    monkeypatch.setenv("ZEPHON_HF_WORD_CACHE", "1000")
-    assert load_tokenizer(spec("huggingface", paths)).word_cache == 1000
-    assert load_tokenizer(spec("sentencepiece", paths)).word_cache is None  # nothing to resize there
-
-
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("add_bos,add_eos", [(False, True), (True, True), (False, False)])
 def test_empty_list_and_empty_documents(kind, paths, add_bos, add_eos):

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import base64
 import itertools
-import os
 import re
 from pathlib import Path
 from typing import Sequence
@@ -36,12 +35,6 @@ KIND_FILES = {
     "huggingface": "a Hugging Face tokenizer.json (a JSON object with a \"model\")",
     "tiktoken": "a tiktoken BPE file (lines of `base64-token rank`, usually *.tiktoken)",
 }
-# Words a Hugging Face BPE (or Unigram) model memoises. The library's default holds 10,000 and stops
-# inserting once full, so which words fill it first decides the hit rate for the rest of the run; at
-# 50,000 it holds a corpus's frequent words whatever came first. Ids never depend on it (a memo of each
-# word's merges). ~450 bytes a word when full: ~20 MB more per loaded tokenizer (BENCHMARKS.md 4f).
-HF_WORD_CACHE = 50_000
-HF_WORD_CACHE_ENV = "ZEPHON_HF_WORD_CACHE"  # words to memoise instead; 0 keeps the library's default
 _TIKTOKEN_LINE = re.compile(rb"[A-Za-z0-9+/]+={0,2} [0-9]+\r?")
 _SNIFF_BYTES = 4096
 
@@ -102,7 +95,6 @@ class Tokenizer:
         self.spec = spec
         path, looks = _check_file(spec)
         self._encode = None
-        self.word_cache: int | None = None  # words the HF model memoises, where Zephon set it
         try:
             getattr(self, f"_load_{spec.kind}")(path)
         except (RecipeError, ImportError):  # already says what to fix / a library to install
@@ -140,7 +132,6 @@ class Tokenizer:
         from tokenizers import Tokenizer as HFTokenizer
 
         tok = HFTokenizer.from_file(str(path))
-        self.word_cache = resize_word_cache(tok)
         self.vocab_size = tok.get_vocab_size()
         self.eos_id = _first_id(tok.token_to_id, self.spec.eos_token, _EOS_NAMES, "eos_token")
         self.bos_id = _first_id(tok.token_to_id, self.spec.bos_token, _BOS_NAMES, "bos_token")
@@ -251,33 +242,6 @@ class Tokenizer:
         offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
         np.cumsum(lengths, out=offsets[1:])
         return flat, offsets
-
-
-def hf_word_cache() -> int:
-    """Words a Hugging Face tokenizer loaded here memoises: :data:`HF_WORD_CACHE`, or the environment's
-    ``ZEPHON_HF_WORD_CACHE`` (0: the library's own default)."""
-    value = os.environ.get(HF_WORD_CACHE_ENV, "").strip()
-    if not value:
-        return HF_WORD_CACHE
-    try:
-        words = int(value)
-    except ValueError:
-        words = -1
-    if words < 0:
-        raise RecipeError(f"{HF_WORD_CACHE_ENV}={value!r} is not a number of words: set it to a whole number "
-                          f"(0 keeps the tokenizers library's default cache), or unset it.")
-    return words
-
-
-def resize_word_cache(tok) -> int | None:
-    """Resize the model's word cache to :func:`hf_word_cache`; the size set, or None where it was left as
-    loaded (0 asked for, or a model or ``tokenizers`` release, before 0.21, without a resizable cache)."""
-    words = hf_word_cache()
-    resize = getattr(tok.model, "_resize_cache", None)
-    if not words or resize is None:
-        return None
-    resize(words)
-    return words
 
 
 def _named(sp, name: str | None, default: int, key: str) -> int | None:

@@ -338,21 +338,6 @@ def measure_stream(make: Callable[[], tuple[Iterable, Callable[[], None]]], step
             "tokens_per_s_incl_startup": statistics.median(p["tokens_per_s_incl_startup"] for p in pipelines)}
 
 
-def hf_tokenizer(path: str | Path):
-    """A Hugging Face tokenizer loaded as Zephon loads one, with the same word cache
-    (``zephon.tokenization.resize_word_cache``), so that peers and the tokenizer-alone ceilings tokenize
-    as fast per token as Zephon does. A checkout without that function leaves the library's cache."""
-    from tokenizers import Tokenizer
-
-    tok = Tokenizer.from_file(str(path))
-    try:
-        from zephon.tokenization import resize_word_cache
-    except ImportError:
-        return tok
-    resize_word_cache(tok)
-    return tok
-
-
 def only_patterns(only: str) -> list[str]:
     """``--only``'s comma-separated names or globs."""
     return [p.strip() for p in only.split(",") if p.strip()]
@@ -506,7 +491,9 @@ class EncodeWithEos:
         self.eos_id = None
 
     def _load(self) -> None:
-        self._tok = hf_tokenizer(self.tokenizer_path)
+        from tokenizers import Tokenizer
+
+        self._tok = Tokenizer.from_file(self.tokenizer_path)
         self.eos_id = self._tok.token_to_id(self.eos_token)
         if self.eos_id is None:
             raise ValueError(f"{self.tokenizer_path} has no token {self.eos_token!r}")

@@ -19,7 +19,7 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
-from _common import EncodeWithEos, RowGroupReader, hf_tokenizer, parquet_row_groups
+from _common import EncodeWithEos, RowGroupReader, parquet_row_groups
 
 EOS = "<|endoftext|>"
 
@@ -60,7 +60,9 @@ def tokenizer_alone_counts(data: Path, texts: list[str], threads: int = 0, per_c
     from collections import deque
     from concurrent.futures import ThreadPoolExecutor
 
-    tok = hf_tokenizer(_tokenizer_path(data))
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(_tokenizer_path(data))
 
     def count(batch: list[str]) -> int:
         ids = [e.ids for e in tok.encode_batch_fast(batch, add_special_tokens=False)]

@@ -79,7 +79,7 @@ def zephon_hash_check(results: dict[str, dict[str, Any]]) -> tuple[list[str], bo
     return lines, mismatch, bool(failed)
 
 
-VARIANT_MARKS = ("_1cpu", "_pool_default", "_pool_on", "_libcache")
+VARIANT_MARKS = ("_1cpu", "_pool_default", "_pool_on")
 
 
 def _per_round(per_cfg: dict[str, list[dict[str, Any]]], pattern: str,

@@ -293,10 +293,6 @@ def main(argv: list[str] | None = None) -> int:
                          "decides, a --zephon-src checkout from before that rule leaves the pool on) and forced "
                          "on (NAME_pool_on: TOKENIZERS_PARALLELISM=true); NAME itself runs with it off, as every "
                          "configuration here does")
-    ap.add_argument("--word-cache", action="store_true",
-                    help="also run every chosen Zephon configuration of this checkout with the Hugging Face "
-                         "tokenizer's own word cache (NAME_libcache: ZEPHON_HF_WORD_CACHE=0), as a --zephon-src "
-                         "checkout from before Zephon enlarged it runs")
     ap.add_argument("--json", default="")
     args = ap.parse_args(argv)
     data = Path(args.data).resolve()
@@ -323,13 +319,10 @@ def main(argv: list[str] | None = None) -> int:
                 params = {k: v for k, v in c.get("params", {}).items() if k != "flush_by"}
                 before.append({**c, "name": c["name"] + "_before", "params": params, "zephon_src": src})
         cfgs += before
-    if args.word_cache:
-        cfgs += [{**c, "name": c["name"] + "_libcache", "env": {"ZEPHON_HF_WORD_CACHE": "0"}} for c in cfgs
-                 if c["kind"] == "zephon" and not c.get("zephon_src")]
     if args.tokenizer_pool:
         variants = {"_pool_default": {"TOKENIZERS_PARALLELISM": None, "RAYON_NUM_THREADS": None},
                     "_pool_on": {"TOKENIZERS_PARALLELISM": "true", "RAYON_NUM_THREADS": None}}
-        cfgs += [{**c, "name": c["name"] + suffix, "env": {**c.get("env", {}), **env}} for c in cfgs if c["kind"] == "zephon"
+        cfgs += [{**c, "name": c["name"] + suffix, "env": env} for c in cfgs if c["kind"] == "zephon"
                  for suffix, env in variants.items()]
     import zephon
     recipe = zephon.load_recipe(data / "recipe.toml")

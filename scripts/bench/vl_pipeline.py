@@ -43,9 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import numpy as np  # noqa: E402
 
-from _common import (  # noqa: E402
-    fmt_table, hf_tokenizer, measure_stream, only_patterns, run_task, select_configs, task_main,
-)
+from _common import fmt_table, measure_stream, only_patterns, run_task, select_configs, task_main  # noqa: E402
 from _targets import median_round, zephon_hash_check  # noqa: E402
 import vl_common as vc  # noqa: E402
 
@@ -67,7 +65,9 @@ class Transform:
         self._tok = None
 
     def _load(self) -> None:
-        self._tok = hf_tokenizer(self.path)
+        from tokenizers import Tokenizer
+
+        self._tok = Tokenizer.from_file(self.path)
         self.ids = [self._tok.token_to_id(t) for t in (vc.IMAGE_START, vc.IMAGE_PAD, vc.IMAGE_END, vc.EOS)]
 
     def __call__(self, s: dict) -> dict:
