@@ -107,6 +107,38 @@ def _count_tokenizer_cpu(counter) -> None:
     tokenizers.Tokenizer = Counted
 
 
+def _prewarm_tokenizers(data: Path, docs: int) -> None:
+    """Make every Hugging Face tokenizer loaded from a file in this process encode the same ``docs``
+    documents first (taken from row groups spread over the whole corpus), before anyone else uses it.
+
+    Why: its BPE model memoises words in a cache of 10,000 that stops taking new ones once full, so the
+    words it meets first decide its hit rate for the rest of the run, and two loaders that send the
+    same documents in another order to it tokenize at different speeds (BENCHMARKS.md 4d). With the same
+    words first in every configuration, the tokenizer's own speed is no longer a difference between them."""
+    import tokenizers
+
+    from _common import RowGroupReader, parquet_row_groups
+
+    items = list(parquet_row_groups(data))
+    read, texts = RowGroupReader(), []
+    for item in items[::max(1, len(items) // 16)]:
+        texts.extend(read(item)[:max(1, docs // 16)])
+    texts = texts[:docs]
+    real = tokenizers.Tokenizer
+
+    class Prewarmed:
+        @staticmethod
+        def from_file(path: str) -> Any:
+            tok = real.from_file(path)
+            tok.encode_batch_fast(texts, add_special_tokens=False)
+            return tok
+
+        def __new__(cls, *a: Any, **kw: Any) -> Any:
+            return real(*a, **kw)
+
+    tokenizers.Tokenizer = Prewarmed
+
+
 def child(task: dict[str, Any]) -> None:
     src = task["config"].get("zephon_src")
     if src:  # a "_before" configuration: that checkout's zephon/, imported before anything else imports one
@@ -115,6 +147,8 @@ def child(task: dict[str, Any]) -> None:
 
     data, cfg, batch, seq_len = Path(task["data"]), task["config"], task["batch"], task["seq_len"]
     counter = _counter(task["counter"])
+    if task.get("prewarm"):
+        _prewarm_tokenizers(data, task["prewarm"])
     if task.get("tokenizer_cpu"):
         _count_tokenizer_cpu(counter)
     pin_cpus(cfg)
@@ -293,6 +327,9 @@ def main(argv: list[str] | None = None) -> int:
                          "decides, a --zephon-src checkout from before that rule leaves the pool on) and forced "
                          "on (NAME_pool_on: TOKENIZERS_PARALLELISM=true); NAME itself runs with it off, as every "
                          "configuration here does")
+    ap.add_argument("--prewarm", type=int, default=0, metavar="DOCS",
+                    help="every configuration's Hugging Face tokenizers first encode the same DOCS documents, so "
+                         "that their word caches hold the same words whatever order the loader sends documents in")
     ap.add_argument("--json", default="")
     args = ap.parse_args(argv)
     data = Path(args.data).resolve()
@@ -328,7 +365,7 @@ def main(argv: list[str] | None = None) -> int:
     recipe = zephon.load_recipe(data / "recipe.toml")
     batch, seq_len = recipe.global_batch_size, recipe.seq_len
     task = {"data": str(data), "batch": batch, "seq_len": seq_len, "warmup": args.warmup,
-            "tokenizer_cpu": args.tokenizer_cpu}
+            "tokenizer_cpu": args.tokenizer_cpu, "prewarm": args.prewarm}
     print(f"# sliced text pipeline: [{batch}, {seq_len}], {len(cfgs)} configurations, warm-up {args.warmup} "
           f"batches alone, then {args.passes} passes x {args.slice:g} s slices in random order")
     print(f"# machine: {machine_info()}", flush=True)
