@@ -23,6 +23,13 @@ into rows of 4096 tokens with their patches (at most 16,384 patches a row: four 
 Reported: usable (non-padding) tokens/s, images/s, padding share; the targets as ratios inside each round:
 Zephon's images/s >= 0.9 x the decoder alone on as many threads as workers (one for 0 workers), and
 Zephon ahead of Grain at every worker count. Zephon's batch SHA-256s must agree between configurations.
+
+Every configuration runs with glibc's heap kept (``--malloc steady``, the default: ``MALLOC_TRIM_THRESHOLD_``
+and ``MALLOC_MMAP_THRESHOLD_`` raised). Without that, the decoder alone, which frees every image before
+the next, hands its pages back to the kernel and faults them in again for each image (~75 minor faults
+an image here), while a loader that holds decoded images in its rows reuses its heap (~2): the ceiling
+then pays a cost that only its tiny working set creates (BENCHMARKS.md 8b). ``--malloc glibc`` keeps
+glibc's defaults.
 The same protocol as vl_fetch_batch.py (one subprocess per configuration and round, interleaved rounds,
 load averages recorded).
 
@@ -289,6 +296,14 @@ def round_targets(per_cfg: dict[str, list[dict]], rounds: int) -> list[str]:
     return lines
 
 
+# 32 MiB is the largest mmap threshold glibc accepts on 64-bit; a trim threshold alone would turn its
+# dynamic mmap threshold off, and every decoded image would then be mmapped and faulted in afresh.
+MALLOC_ENV: dict[str, dict[str, str]] = {
+    "steady": {"MALLOC_TRIM_THRESHOLD_": str(256 << 20), "MALLOC_MMAP_THRESHOLD_": str(32 << 20)},
+    "glibc": {},
+}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--data", default="bench_data/vl")
@@ -301,6 +316,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--list", action="store_true")
     ap.add_argument("--timeout", type=float, default=400.0)
     ap.add_argument("--json", default="")
+    ap.add_argument("--malloc", choices=tuple(MALLOC_ENV), default="steady",
+                    help="steady: every configuration keeps its heap (glibc's trim and mmap thresholds raised); "
+                         "glibc: glibc's defaults (see the module docstring)")
     ap.add_argument("--profile", default="", metavar="CONFIG",
                     help="run one configuration in this process under cProfile and print where its time goes")
     args = ap.parse_args(argv)
@@ -327,7 +345,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"# VL full pipeline: decode + resize (<= {MAX_PIXELS} px, 28-px grid) + patchify (14 px, 2x2 merge) + "
           f"tokenize (BPE 8192) + pack [{ROWS}, {SEQ}] (<= {MAX_PATCHES} patches a row)")
     print(f"# protocol: {args.rounds} interleaved round(s); {args.warmup} warm-up batches, then {args.repeats} windows x "
-          f"{args.steps} batches (median window); median round reported")
+          f"{args.steps} batches (median window); median round reported; malloc {args.malloc}")
     print(f"# machine: {vc.vl_machine_info()}", flush=True)
     if any(c["kind"] == "grain" for c in cfgs):
         print(f"# {check_transform(data)}", flush=True)
@@ -338,7 +356,7 @@ def main(argv: list[str] | None = None) -> int:
             task = {"kind": "vlp", "config": c, "data": str(data), "steps": args.steps, "warmup": args.warmup,
                     "repeats": args.repeats}
             print(f"  {c['name']:<20}", end=" ", flush=True)
-            r = run_task(SCRIPT, task, timeout=args.timeout)
+            r = run_task(SCRIPT, task, timeout=args.timeout, extra_env=MALLOC_ENV[args.malloc])
             r["_workers"] = c["workers"]
             per_cfg[c["name"]].append(r)
             if r.get("ok"):
