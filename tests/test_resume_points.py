@@ -70,6 +70,31 @@ def test_every_resume_point_restarts_exactly_after_its_record(records, ops):
         assert list(zip(tail.resume_cursor.tolist(), tail.resume_skip.tolist())) == points[i + 1:], (i, c, s)
 
 
+def expand_reference(chunk: Chunk, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Chunk.expand as the rule reads, one record at a time (the library's is vectorised)."""
+    cursor, skip, prev_c = [], [], chunk.start_cursor
+    for c, s, k in zip(chunk.resume_cursor.tolist(), chunk.resume_skip.tolist(), counts.tolist()):
+        if k:
+            cursor += [c if s else prev_c] * (k - 1) + [c]
+            skip += [1] * (k - 1) + [s]
+            prev_c = c
+    cursor_a = np.asarray(cursor, dtype=np.int64)
+    return cursor_a, renumber_skips(cursor_a, np.asarray(skip, dtype=np.int64))
+
+
+@settings(max_examples=300, deadline=None)
+@given(start=st.integers(-1, 5), points=st.lists(st.tuples(st.integers(0, 40), st.integers(0, 3), st.integers(0, 4)),
+                                                 max_size=20))
+def test_expand_matches_the_rule_record_by_record(start, points):
+    cursor = np.asarray(sorted(c for c, _, _ in points), dtype=np.int64)
+    skip = np.asarray([s for _, s, _ in points], dtype=np.int64)
+    counts = np.asarray([k for _, _, k in points], dtype=np.int64)
+    chunk = Chunk(0, 0, True, start, 41, "f", {}, cursor, skip)
+    got, want = chunk.expand(counts), expand_reference(chunk, counts)
+    assert got[0].dtype == got[1].dtype == np.int64
+    assert got[0].tolist() == want[0].tolist() and got[1].tolist() == want[1].tolist()
+
+
 def test_renumber_counts_the_records_made_from_each_cursor():
     cursor = np.array([7, 7, 7, 9, 9, 12, 4], dtype=np.int64)
     skip = np.array([1, 1, 2, 0, 5, 0, 1], dtype=np.int64)

@@ -239,21 +239,20 @@ class Chunk:
         finds it makes nothing, so the rule still holds).
         """
         counts = np.asarray(counts, dtype=np.int64)
-        total = int(counts.sum())
-        cursor = np.empty(total, dtype=np.int64)
-        skip = np.empty(total, dtype=np.int64)
-        prev_c = self.start_cursor
-        pos = 0
-        rc, rs = self.resume_cursor.tolist(), self.resume_skip.tolist()
-        for j, k in enumerate(counts.tolist()):
-            if k:
-                # the pieces before the last are made from the reader record that record j comes from: its
-                # own cursor if j is itself a piece (skip > 0), else where its predecessor resumes
-                cursor[pos:pos + k - 1] = rc[j] if rs[j] else prev_c
-                skip[pos:pos + k - 1] = 1
-                cursor[pos + k - 1], skip[pos + k - 1] = rc[j], rs[j]
-                pos += k
-                prev_c = rc[j]
+        rc, rs = self.resume_cursor, self.resume_skip
+        made = counts > 0
+        # the pieces before a record's last are made from the reader record it comes from: its own cursor if
+        # it is itself a piece (skip > 0), else where the last record before it that made output resumes
+        index = np.arange(len(counts), dtype=np.int64)
+        last_made = np.maximum.accumulate(np.where(made, index, -1))
+        before = np.empty_like(last_made)
+        before[:1] = -1
+        before[1:] = last_made[:-1]
+        prev_c = np.where(before >= 0, rc[np.maximum(before, 0)], self.start_cursor)
+        cursor = np.repeat(np.where(rs != 0, rc, prev_c), counts)
+        skip = np.ones(len(cursor), dtype=np.int64)
+        ends = np.cumsum(counts)[made] - 1  # each record's last piece resumes where the record did
+        cursor[ends], skip[ends] = rc[made], rs[made]
         return cursor, renumber_skips(cursor, skip)
 
     # -- records view (for per-record operators) ---------------------------------------------------
@@ -369,7 +368,14 @@ class Row:
                     buf[f:f + n] = doc[name][a:b]
                 else:
                     buf[f:f + n] = defaults[name]  # type: ignore[index]
-        # a text document has input_ids alone: no payload
+        if len(doc) == 1 and self.payloads is None:  # a text document (input_ids alone) in a text row: no payload
+            n, f = b - a, self.fill
+            self.tokens[f:f + n] = doc[INPUT_IDS][a:b]
+            self.fill = f + n
+            self.free -= n
+            self.seg_lens.append(n)
+            self.tails.append(tail)
+            return
         payload = {k: v for k, v in doc.items() if k not in fieldset} if len(doc) > 1 else None
         self._append(doc[INPUT_IDS][a:b], tail, payload)
 

@@ -72,6 +72,8 @@ class Split(Transform):
         if with_images:
             counts, new_offsets = self._image_bounds(chunk)
         else:
+            if chunk.n and int(np.diff(chunk.offsets).max()) <= self.max_tokens:
+                return chunk  # nothing to cut
             counts, new_offsets = piece_bounds(chunk.offsets, self.max_tokens)
         if len(new_offsets) - 1 == chunk.n:
             return chunk

@@ -56,6 +56,14 @@ def tokenizer_description(spec: TokenizerSpec) -> dict[str, Any]:
             "eos_token": spec.eos_token, "bos_token": spec.bos_token, "pad_id": spec.pad_id, "pat_str": spec.pat_str}
 
 
+def _all_text(texts: list) -> bool:
+    """Whether every entry is a non-blank string, checked in C loops (the usual chunk)."""
+    try:
+        return all(texts) and not any(map(str.isspace, texts))
+    except TypeError:  # a null or another type among them: the caller looks record by record
+        return False
+
+
 class Tokenize(Transform):
     """Tokenize ``field`` of every record into ``input_ids`` (see the module docstring)."""
 
@@ -110,7 +118,10 @@ class Tokenize(Transform):
         return out
 
     def _encode(self, chunk: Chunk, texts: list) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        keep = [k for k, t in enumerate(texts) if isinstance(t, str) and t and not t.isspace()]
+        if _all_text(texts):
+            keep = range(len(texts))
+        else:
+            keep = [k for k, t in enumerate(texts) if isinstance(t, str) and t and not t.isspace()]
         if len(keep) < len(texts):  # blank records (skipped), or a field that is not text (an error)
             for k, t in enumerate(texts):
                 if t is not None and not isinstance(t, str):
@@ -118,7 +129,7 @@ class Tokenize(Transform):
                                       f"{type(t).__name__}, not text. Point tokenize(field=...) at a text field.")
         chunk.count("blank_records", len(texts) - len(keep))
         tokens, offsets = self.tokenizer.encode(texts if len(keep) == len(texts) else [texts[k] for k in keep])
-        kept = np.asarray(keep, dtype=np.int64)
+        kept = np.arange(len(texts), dtype=np.int64) if isinstance(keep, range) else np.asarray(keep, dtype=np.int64)
         lengths = np.diff(offsets)
         if len(lengths) and not lengths.all():  # documents that tokenize to nothing
             nz = lengths > 0
