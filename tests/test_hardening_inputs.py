@@ -16,6 +16,7 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -291,6 +292,37 @@ def test_an_all_blank_source_fails_when_the_loader_is_built(tmp_path, sp_model, 
 
 
 @pytest.mark.timeout(120)
+class Text(str):
+    """A str subclass: tokenized like a str, but checked record by record."""
+
+
+@pytest.mark.parametrize("values,expect", [
+    (["alpha beta", "gamma"], None),  # the C-loop check: all plain, non-blank str
+    (["alpha beta", Text("gamma delta"), Text("  ")], None),
+    (["alpha", np.array([1, 2])], "holds ndarray, not text"),  # truthiness of an array is no answer
+    (["alpha", np.array([])], "holds ndarray, not text"),
+    (["alpha", b"bytes"], "holds bytes, not text"),
+])
+def test_tokenize_checks_every_field_value_whatever_its_type(sp_model, values, expect):
+    """A text field a user's map filled with something else: the operator's error names the record and
+    the type, whichever check (the chunk-wide C loops or the per-record one) sees it first."""
+    from zephon.ops.tokenize import Tokenize
+    from zephon.records import Chunk
+
+    n = len(values)
+    chunk = Chunk(0, 0, True, 0, n, "mem.jsonl", {"text": list(values)}, np.arange(1, n + 1), np.zeros(n, np.int64),
+                  raw_records=n)
+    op = Tokenize(TokenizerSpec(kind="sentencepiece", path=str(sp_model)))
+    if expect is None:
+        out = op.apply(chunk)
+        kept = [v for v in values if v.strip()]
+        assert out.n == len(kept) and out.counts.get("blank_records", 0) == n - len(kept)
+        return
+    with pytest.raises(SourceError, match=expect) as exc:
+        op.apply(chunk)
+    assert "mem.jsonl" in str(exc.value)
+
+
 def test_a_source_that_starts_with_blank_records_still_runs_and_counts_them(tmp_path, sp_model):
     """Its first file (first unit in the plan's order) holds only whitespace; the rest is text."""
     folder = tmp_path / "src"

@@ -57,11 +57,9 @@ def tokenizer_description(spec: TokenizerSpec) -> dict[str, Any]:
 
 
 def _all_text(texts: list) -> bool:
-    """Whether every entry is a non-blank string, checked in C loops (the usual chunk)."""
-    try:
-        return all(texts) and not any(map(str.isspace, texts))
-    except TypeError:  # a null or another type among them: the caller looks record by record
-        return False
+    """Whether every entry is a non-blank ``str``, checked in C loops (the usual chunk); False sends the caller
+    record by record (nulls, blanks, other types, ``str`` subclasses)."""
+    return set(map(type, texts)) == {str} and all(texts) and not any(map(str.isspace, texts))
 
 
 class Tokenize(Transform):
