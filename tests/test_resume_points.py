@@ -99,3 +99,24 @@ def test_renumber_counts_the_records_made_from_each_cursor():
     cursor = np.array([7, 7, 7, 9, 9, 12, 4], dtype=np.int64)
     skip = np.array([1, 1, 2, 0, 5, 0, 1], dtype=np.int64)
     assert renumber_skips(cursor, skip).tolist() == [1, 2, 3, 0, 1, 0, 1]
+
+
+@settings(max_examples=300, deadline=None)
+@given(start=st.integers(-1, 3), steps=st.lists(st.tuples(st.integers(0, 3), st.integers(1, 30)), min_size=1, max_size=20),
+       max_tokens=st.integers(1, 12))
+def test_split_of_whole_records_resumes_as_the_general_rule(start, steps, max_tokens):
+    """Split's shortcut for records that are all whole input records (every skip 0) gives the resume
+    points Chunk.expand gives (cursors may repeat: a reader record that made several whole records)."""
+    from zephon.ops.split import _pieces, whole_record_points
+
+    cursor = np.cumsum([max(start, 0)] + [c for c, _ in steps])[1:].astype(np.int64)
+    lengths = np.asarray([n for _, n in steps], dtype=np.int64)
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    chunk = Chunk(0, 0, True, start, int(cursor[-1]) + 1, "f", {}, cursor, np.zeros(len(steps), dtype=np.int64))
+    counts, _, doc_of_piece, within = _pieces(offsets, max_tokens)
+    is_last = np.zeros(int(counts.sum()), dtype=bool)
+    is_last[np.cumsum(counts) - 1] = True
+    got = whole_record_points(chunk, doc_of_piece, within, is_last)
+    want = chunk.expand(counts)
+    assert got[0].tolist() == want[0].tolist() and got[1].tolist() == want[1].tolist()
+    assert got[0].dtype == got[1].dtype == np.int64
