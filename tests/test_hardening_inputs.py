@@ -291,7 +291,6 @@ def test_an_all_blank_source_fails_when_the_loader_is_built(tmp_path, sp_model, 
     assert "text_field 'text'" in msg
 
 
-@pytest.mark.timeout(120)
 class Text(str):
     """A str subclass: tokenized like a str, but checked record by record."""
 
@@ -323,6 +322,7 @@ def test_tokenize_checks_every_field_value_whatever_its_type(sp_model, values, e
     assert "mem.jsonl" in str(exc.value)
 
 
+@pytest.mark.timeout(120)
 def test_a_source_that_starts_with_blank_records_still_runs_and_counts_them(tmp_path, sp_model):
     """Its first file (first unit in the plan's order) holds only whitespace; the rest is text."""
     folder = tmp_path / "src"
