@@ -104,19 +104,23 @@ def test_renumber_counts_the_records_made_from_each_cursor():
 @settings(max_examples=300, deadline=None)
 @given(start=st.integers(-1, 3), steps=st.lists(st.tuples(st.integers(0, 3), st.integers(1, 30)), min_size=1, max_size=20),
        max_tokens=st.integers(1, 12))
-def test_split_of_whole_records_resumes_as_the_general_rule(start, steps, max_tokens):
-    """Split's shortcut for records that are all whole input records (every skip 0) gives the resume
-    points Chunk.expand gives (cursors may repeat: a reader record that made several whole records)."""
-    from zephon.ops.split import _pieces, whole_record_points
+def test_split_of_whole_records_resumes_as_the_rule(start, steps, max_tokens):
+    """Split right after tokenize (every record a whole input record, every skip 0: Chunk.expand's shortcut)
+    gives the resume points of the record-by-record rule (cursors may repeat: a reader record that made
+    several whole records)."""
+    from zephon.ops.split import Split, piece_bounds
 
     cursor = np.cumsum([max(start, 0)] + [c for c, _ in steps])[1:].astype(np.int64)
     lengths = np.asarray([n for _, n in steps], dtype=np.int64)
     offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
-    chunk = Chunk(0, 0, True, start, int(cursor[-1]) + 1, "f", {}, cursor, np.zeros(len(steps), dtype=np.int64))
-    counts, _, doc_of_piece, within = _pieces(offsets, max_tokens)
-    is_last = np.zeros(int(counts.sum()), dtype=bool)
-    is_last[np.cumsum(counts) - 1] = True
-    got = whole_record_points(chunk, doc_of_piece, within, is_last)
-    want = chunk.expand(counts)
-    assert got[0].tolist() == want[0].tolist() and got[1].tolist() == want[1].tolist()
-    assert got[0].dtype == got[1].dtype == np.int64
+
+    def chunk() -> Chunk:
+        return Chunk(0, 0, True, start, int(cursor[-1]) + 1, "f", {}, cursor.copy(),
+                     np.zeros(len(steps), dtype=np.int64), token_fields={"input_ids": np.arange(offsets[-1], dtype=np.int32)},
+                     offsets=offsets.copy())
+
+    counts, _ = piece_bounds(offsets, max_tokens)
+    want = expand_reference(chunk(), counts)
+    got = Split(max_tokens).apply(chunk())
+    assert got.resume_cursor.tolist() == want[0].tolist() and got.resume_skip.tolist() == want[1].tolist()
+    assert got.resume_cursor.dtype == got.resume_skip.dtype == np.int64

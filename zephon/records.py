@@ -243,17 +243,25 @@ class Chunk:
         made = counts > 0
         # the pieces before a record's last are made from the reader record it comes from: its own cursor if
         # it is itself a piece (skip > 0), else where the last record before it that made output resumes
-        index = np.arange(len(counts), dtype=np.int64)
-        last_made = np.maximum.accumulate(np.where(made, index, -1))
-        before = np.empty_like(last_made)
-        before[:1] = -1
-        before[1:] = last_made[:-1]
-        prev_c = np.where(before >= 0, rc[np.maximum(before, 0)], self.start_cursor)
+        prev_c = np.empty_like(rc)
+        prev_c[:1] = self.start_cursor
+        if made.all():  # split: every record makes at least one piece
+            prev_c[1:] = rc[:-1]
+        else:
+            last_made = np.maximum.accumulate(np.where(made, np.arange(len(counts), dtype=np.int64), -1))
+            prev_c[1:] = np.where(last_made[:-1] >= 0, rc[np.maximum(last_made[:-1], 0)], self.start_cursor)
         cursor = np.repeat(np.where(rs != 0, rc, prev_c), counts)
-        skip = np.ones(len(cursor), dtype=np.int64)
-        ends = np.cumsum(counts)[made] - 1  # each record's last piece resumes where the record did
-        cursor[ends], skip[ends] = rc[made], rs[made]
-        return cursor, renumber_skips(cursor, skip)
+        csum = np.cumsum(counts)
+        ends = csum[made] - 1  # each record's last piece resumes where the record did
+        if rs.any():
+            skip = np.ones(len(cursor), dtype=np.int64)
+            cursor[ends], skip[ends] = rc[made], rs[made]
+            return cursor, renumber_skips(cursor, skip)
+        # whole input records (every skip 0, e.g. split right after tokenize): a record's pieces before its
+        # last count 1, 2, ... from their cursor, and a record's last piece (skip 0) ends every such run
+        skip = np.arange(len(cursor), dtype=np.int64) - np.repeat(csum - counts, counts) + 1
+        cursor[ends], skip[ends] = rc[made], 0
+        return cursor, skip
 
     # -- records view (for per-record operators) ---------------------------------------------------
     def records(self) -> list[dict[str, Any]]:
@@ -368,14 +376,7 @@ class Row:
                     buf[f:f + n] = doc[name][a:b]
                 else:
                     buf[f:f + n] = defaults[name]  # type: ignore[index]
-        if len(doc) == 1 and self.payloads is None:  # a text document (input_ids alone) in a text row: no payload
-            n, f = b - a, self.fill
-            self.tokens[f:f + n] = doc[INPUT_IDS][a:b]
-            self.fill = f + n
-            self.free -= n
-            self.seg_lens.append(n)
-            self.tails.append(tail)
-            return
+        # a text document has input_ids alone: no payload
         payload = {k: v for k, v in doc.items() if k not in fieldset} if len(doc) > 1 else None
         self._append(doc[INPUT_IDS][a:b], tail, payload)
 

@@ -33,36 +33,17 @@ from .image_layout import (IMAGE_GRID, IMAGE_SPANS, NO_LIMITS, PER_IMAGE, ImageL
 def piece_bounds(offsets: np.ndarray, max_tokens: int) -> tuple[np.ndarray, np.ndarray]:
     """``(counts, new_offsets)``: pieces per document and the offsets of all pieces, cut every
     ``max_tokens`` tokens from each document's start (pure numpy; no per-document loop)."""
-    counts, new_offsets, _, _ = _pieces(offsets, max_tokens)
-    return counts, new_offsets
-
-
-def _pieces(offsets: np.ndarray, max_tokens: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """:func:`piece_bounds`, plus each piece's document and its place among that document's pieces."""
     lengths = np.diff(offsets)
     counts = np.maximum(1, -(-lengths // max_tokens))
     total = int(counts.sum())
     doc_of_piece = np.repeat(np.arange(len(lengths)), counts)
     first_piece = np.cumsum(counts) - counts
     within = np.arange(total) - first_piece[doc_of_piece]
+    starts = offsets[:-1][doc_of_piece] + within * max_tokens
     new_offsets = np.empty(total + 1, dtype=np.int64)
-    new_offsets[:-1] = offsets[:-1][doc_of_piece] + within * max_tokens
+    new_offsets[:-1] = starts
     new_offsets[-1] = offsets[-1]
-    return counts, new_offsets, doc_of_piece, within
-
-
-def whole_record_points(chunk: Chunk, doc_of_piece: np.ndarray, within: np.ndarray,
-                        is_last: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """:meth:`Chunk.expand` for a chunk whose records are all whole input records (every resume skip 0):
-    the pieces before a document's last resume where the record before it does, skipping the pieces
-    already taken; its last piece resumes where the document did."""
-    rc = chunk.resume_cursor
-    before = np.empty_like(rc)
-    before[:1] = chunk.start_cursor
-    before[1:] = rc[:-1]
-    cursor = np.where(is_last, rc[doc_of_piece], before[doc_of_piece])
-    skip = np.where(is_last, 0, within + 1)
-    return cursor, skip
+    return counts, new_offsets
 
 
 class Split(Transform):
@@ -93,7 +74,7 @@ class Split(Transform):
         else:
             if chunk.n and int(np.diff(chunk.offsets).max()) <= self.max_tokens:
                 return chunk  # nothing to cut
-            counts, new_offsets, index, within = _pieces(chunk.offsets, self.max_tokens)
+            counts, new_offsets = piece_bounds(chunk.offsets, self.max_tokens)
         if len(new_offsets) - 1 == chunk.n:
             return chunk
         n_pieces = len(new_offsets) - 1
@@ -104,11 +85,8 @@ class Split(Transform):
         tails[is_last] = old_tails
         ids = chunk.token_fields[INPUT_IDS]
         tails[~is_last] = ids[new_offsets[1:][~is_last]]
-        if with_images or chunk.resume_skip.any():  # pieces of pieces (after a flat_map): the general rule
-            cursor, skip = chunk.expand(counts)
-            index = np.repeat(np.arange(chunk.n), counts)
-        else:
-            cursor, skip = whole_record_points(chunk, index, within, is_last)
+        cursor, skip = chunk.expand(counts)
+        index = np.repeat(np.arange(chunk.n), counts)
         chunk.columns = {k: (v[index] if isinstance(v, np.ndarray) else [v[i] for i in index.tolist()])
                          for k, v in chunk.columns.items()}
         if with_images:
