@@ -145,3 +145,23 @@ def test_totals_ratio_pairs_each_runner_with_its_own_one_worker_figure():
     assert wrap.startswith("MET") and wrap.endswith("1.84")  # (4.6M / 6 s) / (5M / 12 s)
     proc = line_for(lines, "zephon best_fit 2 process workers")
     assert proc.startswith("NOT MET") and proc.endswith("1.75")
+
+
+def test_measure_stream_times_on_batch_and_hashes_outside_the_windows():
+    # on_batch is a trainer's own work: its time counts (excluding it once let worker threads' work during a
+    # GIL wait count as theirs). Hashes cover the warm-up's first half and the tail, never a timed batch.
+    import time
+
+    import _common
+
+    def make():
+        return iter(range(10 ** 6)), (lambda: None)
+
+    def slow_on_batch(run, index, batch):
+        time.sleep(0.01)
+
+    res = _common.measure_stream(make, steps=5, warmup=6, repeats=2, tokens_per_batch=1,
+                                 on_batch=slow_on_batch, digest=str)
+    assert all(w["seconds"] >= 5 * 0.01 for w in res["runs"])
+    # batches 0-5 warm up (0-2 hashed), 6-15 are the two timed windows, 16-21 the tail (hashed)
+    assert res["digests_by_run"] == [["0", "1", "2"] + [str(i) for i in range(16, 22)]]

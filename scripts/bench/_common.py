@@ -274,13 +274,18 @@ def measure_stream(make: Callable[[], tuple[Iterable, Callable[[], None]]], step
     ``repeats`` consecutive windows of ``steps`` batches are timed; the result is the median window.
     With ``fresh=True`` every repeat builds a new pipeline and warms it up again (independent runs).
 
-    ``on_batch(run, index, batch)`` runs for every batch (warm-up included); its time is excluded from
-    every figure, so it must stay cheap: a loader's background workers go on working while it runs, and
-    that work would count as theirs. ``digest(batch)`` (a hash, which is not cheap for batches of image
-    bytes) is therefore taken only outside the timed windows: of the warm-up batches and of ``tail``
-    batches taken after the windows (default: as many as the warm-up), returned per pipeline in
-    ``digests_by_run``. ``trace`` holds, per pipeline, the time at which each batch arrived (hashing
-    excluded), so that whoever doubts that the warm-up reached a steady state can plot it.
+    ``on_batch(run, index, batch)`` runs for every batch (warm-up included) and its time counts, as a
+    trainer's own work would: it must stay cheap. (Its time was once excluded; but a loader's background
+    workers go on working meanwhile, and a torch op that lets go of the GIL could leave the trainer waiting
+    milliseconds to get it back while worker threads ran: that work counted as theirs, and inflated
+    worker figures by up to 40%.) ``digest(batch)`` (a hash, which is not cheap for batches of image
+    bytes) is taken only outside the timed windows, its time excluded: of the first half of the warm-up batches and
+    of ``tail`` batches taken after the windows (default: as many as the warm-up), returned per pipeline in
+    ``digests_by_run``. The second half of the warm-up is taken at full speed, unhashed: while batches were
+    being hashed the loader's workers read ahead into their buffers, and a window that started with those
+    buffers full would count their drain as throughput. ``trace`` holds, per pipeline, the time at which
+    each batch arrived (hashing excluded), so that whoever doubts that the warm-up reached a steady state
+    can plot it.
     """
     tail = (max(1, warmup) if digest else 0) if tail is None else tail
     digests_by_run: list[list[str]] = []
@@ -296,17 +301,18 @@ def measure_stream(make: Callable[[], tuple[Iterable, Callable[[], None]]], step
         try:
             it = iter(iterable)
             index = 0
+            hashed_warmup, in_tail = max(1, (warmup + 1) // 2), False  # the warm-up's first half is hashed
 
             def take(timed: bool = False) -> Any:
                 nonlocal index
                 b = next(it)
                 trace.append(round(timer.elapsed(), 4))
+                if on_batch:  # timed: see the docstring
+                    on_batch(run, index, b)
                 with timer.exclude():
                     if index == 0 and check:
                         check(b)
-                    if on_batch:
-                        on_batch(run, index, b)
-                    if digest and not timed:
+                    if digest and not timed and (in_tail or index < hashed_warmup):
                         digests.append(digest(b))
                 index += 1
                 return b
@@ -324,6 +330,7 @@ def measure_stream(make: Callable[[], tuple[Iterable, Callable[[], None]]], step
                 windows.append({"run": run, "window": w, "seconds": sec, "tokens": steps * tokens_per_batch,
                                 "tokens_per_s": steps * tokens_per_batch / sec, **extra})
             total, timed_batches = timer.elapsed(), index
+            in_tail = True
             for _ in range(tail):  # for their digests only: outside every figure
                 take()
         finally:
