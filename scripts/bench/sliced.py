@@ -140,6 +140,8 @@ def _prewarm_tokenizers(data: Path, docs: int) -> None:
 
 
 def child(task: dict[str, Any]) -> None:
+    if os.environ.get("ZEPHON_BENCH_SWITCH_INTERVAL"):  # --switch-interval variants
+        sys.setswitchinterval(float(os.environ["ZEPHON_BENCH_SWITCH_INTERVAL"]))
     src = task["config"].get("zephon_src")
     if src:  # a "_before" configuration: that checkout's zephon/, imported before anything else imports one
         sys.path.insert(0, src)
@@ -330,6 +332,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--prewarm", type=int, default=0, metavar="DOCS",
                     help="every configuration's Hugging Face tokenizers first encode the same DOCS documents, so "
                          "that their word caches hold the same words whatever order the loader sends documents in")
+    ap.add_argument("--switch-interval", type=float, default=0, metavar="S",
+                    help="also run every chosen Zephon configuration with sys.setswitchinterval(S) in its process "
+                         "(NAME_swS): how long a thread waiting for the GIL lets the holder run")
     ap.add_argument("--json", default="")
     args = ap.parse_args(argv)
     data = Path(args.data).resolve()
@@ -361,6 +366,10 @@ def main(argv: list[str] | None = None) -> int:
                     "_pool_on": {"TOKENIZERS_PARALLELISM": "true", "RAYON_NUM_THREADS": None}}
         cfgs += [{**c, "name": c["name"] + suffix, "env": env} for c in cfgs if c["kind"] == "zephon"
                  for suffix, env in variants.items()]
+    if args.switch_interval:
+        cfgs += [{**c, "name": f"{c['name']}_sw{args.switch_interval:g}",
+                  "env": {**c.get("env", {}), "ZEPHON_BENCH_SWITCH_INTERVAL": str(args.switch_interval)}}
+                 for c in cfgs if c["kind"] == "zephon"]
     import zephon
     recipe = zephon.load_recipe(data / "recipe.toml")
     batch, seq_len = recipe.global_batch_size, recipe.seq_len

@@ -26,6 +26,8 @@ batches of 256 samples, nothing decoded. ``--mode decode``: the same, with every
                         samples per row); decode: decode_images(size=224, patchify=False) +
                         tokenize_images + pack(seq_len=256, max_images_per_row=1) + batch(pixels="fixed"):
                         exactly one image per row, pixel_values uint8 [256, 3, 224, 224]
+  zephon_rows256_W_R    fetch: the zephon_W_R pipeline reading 256 samples per task (chunk_rows=256, ~6 MB)
+                        instead of the default 64: a quarter of the per-task reads, opens and hand-overs
 
 Reported: samples/s (image-caption pairs delivered in batches per second: the comparable figure). Protocol
 as fetch_batch.py: one subprocess per configuration and round; warm-up batches, then the median of timed
@@ -150,14 +152,15 @@ def epochs(make_iter) -> Iterator:
 
 
 # -- Zephon ------------------------------------------------------------------------------------------------
-def zephon_pipeline(data: Path, mode: str, packed: bool = False):
+def zephon_pipeline(data: Path, mode: str, packed: bool = False, chunk_rows: int | None = None):
     import zephon as z
 
     native = data / "native"
     tok = z.tokenizer(str(native / "wordlevel.json"), eos_token=vc.EOS)
     if mode == "fetch" and not packed:  # the peers' work: each sample a row, its bytes and caption as they are
+        rows = {"chunk_rows": chunk_rows} if chunk_rows else {}
         return (z.Pipeline(seed=1234, lanes=LANES)
-                .source("pairs", z.read.webdataset(vc.shards(data), columns=["image=jpg;png", "txt"]))
+                .source("pairs", z.read.webdataset(vc.shards(data), columns=["image=jpg;png", "txt"], **rows))
                 .batch(rows_per_lane=PER_LANE))
     if mode == "fetch":
         return (z.Pipeline(seed=1234, lanes=LANES)
@@ -248,7 +251,7 @@ def build(kind: str, data: Path, mode: str, workers: int, params: dict, holder: 
                         collate_fn=collate_decode_in_worker if decode else collate_fetch)
         return epochs(lambda: iter(dl)), lambda: None
     if kind == "zephon":
-        loader = zephon_pipeline(data, mode, params.get("packed", False)).build(rank=0, world_size=1, num_workers=workers, runner=params["runner"])
+        loader = zephon_pipeline(data, mode, params.get("packed", False), params.get("chunk_rows")).build(rank=0, world_size=1, num_workers=workers, runner=params["runner"])
         holder["loader"] = loader
         return iter(loader), loader.close
     raise ValueError(kind)
@@ -272,6 +275,10 @@ def configs(mode: str = "fetch") -> list[dict[str, Any]]:
         for r in ("thread", "pool", "process"):
             c.append({"name": f"zephon_{w}_{r}", "kind": "zephon", "workers": w, "runner": r,
                       "params": {"algorithm": algo, "runner": r}})
+    if mode == "fetch":  # the same pipeline reading 256 samples (~6 MB) per task instead of the default 64
+        for w, r in ((0, "inline"), (1, "thread"), (2, "thread"), (1, "pool"), (2, "pool")):
+            c.append({"name": f"zephon_rows256_{w}_{r}", "kind": "zephon", "workers": w, "runner": r,
+                      "params": {"algorithm": algo, "runner": "thread" if w == 0 else r, "chunk_rows": 256}})
     if mode == "fetch":  # the captions tokenized and packed best-fit, their image bytes as payloads
         for w, r in ((0, "inline"), (1, "thread"), (2, "thread")):
             c.append({"name": f"zephon_packed_{w}_{r}", "kind": "zephon", "workers": w, "runner": r,
@@ -396,8 +403,10 @@ def round_ratios(per_cfg: dict[str, list[dict]], rounds: int) -> list[str]:
                 parts.append(f"{p.rstrip('_')} {statistics.median(ratios):.2f} ({min(ratios):.2f}-{max(ratios):.2f}, "
                              f"{held}/{len(ratios)}){mark}")
         lines.append(f"{w} workers: Zephon best / peer best (>= 1; Grain >= 2.5): " + "; ".join(parts))
-    for runner in ("thread", "pool", "process"):
-        for a, b in (("zephon_0_inline", f"zephon_1_{runner}"), (f"zephon_1_{runner}", f"zephon_2_{runner}")):
+    pairs = [(f"{pre}0_inline", f"{pre}1_{runner}", f"{pre}2_{runner}") for pre, runners in
+             (("zephon_", ("thread", "pool", "process")), ("zephon_rows256_", ("thread", "pool"))) for runner in runners]
+    for zero, one, two in pairs:
+        for a, b in ((zero, one), (one, two)):
             ratios = [val(b, r) / val(a, r) for r in range(rounds) if val(a, r) and val(b, r)]
             if ratios:
                 held = sum(x >= 1 for x in ratios)
