@@ -87,7 +87,11 @@ class Operator:
 
 
 class Transform(Operator):
-    """A stateless operator: ``apply(chunk) -> chunk``, pure, run wherever the executor puts it.
+    """A stateless operator: ``apply(chunk) -> chunk``, run wherever the executor puts it.
+
+    The output depends on the chunk alone (nothing is kept between calls). The chunk is handed over:
+    ``apply`` may modify and return it rather than copy its columns, since the engine never reads a chunk
+    after passing it on. A caller that still needs the input afterwards must copy it first.
 
     ``executor``: None (the loader's runner) or a kind ("inline", "thread", "process", "ray") for the
     stage this transform runs in. ``token_fields``: per-token fields this transform adds (name -> the
