@@ -275,17 +275,15 @@ def measure_stream(make: Callable[[], tuple[Iterable, Callable[[], None]]], step
     With ``fresh=True`` every repeat builds a new pipeline and warms it up again (independent runs).
 
     ``on_batch(run, index, batch)`` runs for every batch (warm-up included) and its time counts, as a
-    trainer's own work would: it must stay cheap. (Its time was once excluded; but a loader's background
-    workers go on working meanwhile, and a torch op that lets go of the GIL could leave the trainer waiting
-    milliseconds to get it back while worker threads ran: that work counted as theirs, and inflated
-    worker figures by up to 40%.) ``digest(batch)`` (a hash, which is not cheap for batches of image
-    bytes) is taken only outside the timed windows, its time excluded: of the first half of the warm-up batches and
-    of ``tail`` batches taken after the windows (default: as many as the warm-up), returned per pipeline in
-    ``digests_by_run``. The second half of the warm-up is taken at full speed, unhashed: while batches were
-    being hashed the loader's workers read ahead into their buffers, and a window that started with those
-    buffers full would count their drain as throughput. ``trace`` holds, per pipeline, the time at which
-    each batch arrived (hashing excluded), so that whoever doubts that the warm-up reached a steady state
-    can plot it.
+    trainer's own work would, so it must stay cheap. (Excluded, it let worker threads run on while the
+    trainer waited to get the GIL back after a torch op, and their work counted as the loader's.)
+    ``digest(batch)`` (a hash, not cheap for batches of image bytes) is taken outside the timed windows
+    only, its time excluded: of the first half of the warm-up and of ``tail`` batches taken after the
+    windows (default: as many as the warm-up), returned per pipeline in ``digests_by_run``. The second
+    half of the warm-up runs unhashed at full speed, so that the read-ahead the workers built up while
+    batches were hashed drains to its steady level before the windows. ``trace`` holds, per pipeline,
+    the time at which each batch arrived (hashing excluded), so that whoever doubts that the warm-up
+    reached a steady state can plot it.
     """
     tail = (max(1, warmup) if digest else 0) if tail is None else tail
     digests_by_run: list[list[str]] = []
