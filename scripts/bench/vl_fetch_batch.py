@@ -275,11 +275,12 @@ def configs(mode: str = "fetch") -> list[dict[str, Any]]:
         for r in ("thread", "pool", "process"):
             c.append({"name": f"zephon_{w}_{r}", "kind": "zephon", "workers": w, "runner": r,
                       "params": {"algorithm": algo, "runner": r}})
-    if mode == "fetch":  # the same pipeline reading 256 samples (~6 MB) per task instead of the default 64
+    if mode == "fetch":
+        # the same pipeline reading 256 samples (~6 MB) per task instead of the default 64
         for w, r in ((0, "inline"), (1, "thread"), (2, "thread"), (1, "pool"), (2, "pool")):
             c.append({"name": f"zephon_rows256_{w}_{r}", "kind": "zephon", "workers": w, "runner": r,
                       "params": {"algorithm": algo, "runner": "thread" if w == 0 else r, "chunk_rows": 256}})
-    if mode == "fetch":  # the captions tokenized and packed best-fit, their image bytes as payloads
+        # the captions tokenized and packed best-fit, their image bytes as payloads
         for w, r in ((0, "inline"), (1, "thread"), (2, "thread")):
             c.append({"name": f"zephon_packed_{w}_{r}", "kind": "zephon", "workers": w, "runner": r,
                       "params": {"algorithm": "best_fit", "runner": "thread" if w == 0 else r, "packed": True}})
