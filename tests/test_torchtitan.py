@@ -143,6 +143,20 @@ def test_is_a_torchtitan_dataloader_and_yields_what_the_trainer_consumes(recipe_
         assert torch.equal(tail, torch.arange(len(tail)))
 
 
+def test_a_batch_with_images_is_refused_not_stripped(recipe_path):
+    """Torchtitan's text trainer would drop the pixels (or its pipeline schedule cut them wrongly): refused."""
+    from zephon_torchtitan import to_torchtitan
+
+    z = next(zephon.build_loader(zephon.load_recipe(recipe_path), rank=0, world_size=1))
+    to_torchtitan(z)  # a text batch is taken
+    with_pixels = {**z, "pixel_values": torch.zeros(4, 12, dtype=torch.uint8), "image_row": torch.zeros(1)}
+    with pytest.raises(ValueError, match="pixel_values, image_row.*zephon_megatron"):
+        to_torchtitan(with_pixels)
+    mrope = {**z, "position_ids": z["position_ids"].expand(3, -1, -1)}
+    with pytest.raises(ValueError, match=r"mrope position_ids \[3, B, S\]"):
+        to_torchtitan(mrope)
+
+
 def test_global_batches_identical_for_dp_degrees_1_2_4_8(recipe_path, reference):
     assert all(len(rows) == LANES * BPL for rows in reference)
     assert len({tuple(r) for r in reference}) == len(reference)  # the steps differ from each other

@@ -7,6 +7,7 @@ image-caption pairs and interleaved documents long enough to be split between ro
 
 from __future__ import annotations
 
+import importlib.util
 from functools import partial
 from pathlib import Path
 from types import SimpleNamespace
@@ -316,3 +317,82 @@ def test_recipe_round_trip_keeps_limits_and_batch_modes(data, vl_tok, tmp_path):
               pipeline(data, vl_tok, pixels="lists", size=56, max_images=2, max_patches=48),
               pipeline(data, vl_tok, pixels="fixed", positions="1d", size=56, max_images=2, max_patches=48)]
     assert len({pipe.fingerprint, *(p.fingerprint for p in others)}) == 5  # each decides bytes: each is fingerprinted
+
+
+# -- cutting a batch by rows (micro-batches) ------------------------------------------------------------------
+def _assert_same_batch(got: dict, want: dict, where: str) -> None:
+    assert got.keys() == want.keys(), where
+    for k in want:
+        if isinstance(want[k], torch.Tensor):
+            assert got[k].dtype == want[k].dtype and torch.equal(got[k], want[k]), (where, k)
+        else:
+            assert got[k] == want[k], (where, k)
+
+
+@pytest.mark.parametrize("pixels,positions", [("flat", "mrope"), ("fixed", "1d")])
+def test_select_rows_is_the_batch_of_a_rank_owning_those_rows(data, vl_tok, pixels, positions):
+    """``select_rows`` of the one-rank batch equals, key by key (``cu_seqlens``, pixels, image rows and mrope
+    positions included), the batch each rank of a 4-rank run gets for its rows."""
+    pipe = pipeline(data, vl_tok, lanes=8, pixels=pixels, positions=positions, size=56 if pixels == "fixed" else None)
+    one = first_batches(pipe, 3)
+    assert sum(int(b["image_grid_thw"].shape[0]) for b in one) > 4
+    for r in range(4):
+        loader = pipe.build(rank=r, world_size=4)
+        try:
+            for i, b in enumerate(one):
+                _assert_same_batch(z.select_rows(b, slice(2 * r, 2 * r + 2)), next(loader), f"step {i} rank {r}")
+        finally:
+            loader.close()
+    halves = [z.select_rows(one[0], slice(0, 5)), z.select_rows(one[0], slice(5, None))]
+    assert global_digest(halves) == global_digest(one[:1])
+    with pytest.raises(ValueError, match="contiguous ascending"):
+        z.select_rows(one[0], slice(0, 8, 2))
+
+
+def test_megatron_micro_batches_carry_their_images_and_mrope_positions(data, vl_tok, monkeypatch):
+    """Megatron micro-batches of a vision-language step: each carries its own rows' images, and
+    megatron-core's own multimodal rotary embedding reads the ``[3, mbs, S]`` positions as (t, h, w)."""
+    require("megatron.core")
+    if importlib.util.find_spec("zephon_megatron") is None:  # as test_megatron.py: the plugin from the checkout
+        monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "plugins" / "megatron"))
+    import zephon_megatron
+    pipe = pipeline(data, vl_tok, lanes=8)
+    ref, loader = pipe.build(rank=1, world_size=2), pipe.build(rank=1, world_size=2)
+    micro = zephon_megatron.MegatronBatches(loader, 2, 2, pad_id=0)
+    try:
+        for _ in range(2):
+            step = next(ref)
+            mbs = [next(micro) for _ in range(2)]
+            for i, mb in enumerate(mbs):
+                part = z.select_rows(step, slice(2 * i, 2 * i + 2))
+                assert mb["position_ids"].shape == (3, 2, 96)
+                for k in ("pixel_values", "image_grid_thw", "image_row", "image_token_start", "position_ids"):
+                    assert torch.equal(mb[k], part[k]), k
+            assert torch.equal(torch.cat([m["pixel_values"] for m in mbs]), step["pixel_values"])
+            assert torch.equal(torch.cat([mbs[0]["image_row"], mbs[1]["image_row"] + 2]), step["image_row"])
+    finally:
+        ref.close()
+        micro.close()
+    with pytest.raises(ValueError, match="--reset-position-ids"):
+        no_reset = zephon_megatron.MegatronBatches(pipe.build(rank=0, world_size=2), 2, 2, pad_id=0,
+                                                   reset_position_ids=False)
+        try:
+            next(no_reset)
+        finally:
+            no_reset.close()
+
+    # megatron-core's MultimodalRotaryEmbedding, as GPTModel(position_embedding_type="mrope") builds it; its
+    # constructor places inv_freq on torch.cuda.current_device(), which this CPU-only host lacks
+    from megatron.core.models.common.embeddings.rotary_pos_embedding import MultimodalRotaryEmbedding
+
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: "cpu")
+    section = [2, 3, 3]  # Qwen2-VL's split of a head's rotary channels into (t, h, w), here for 16 channels
+    rope = MultimodalRotaryEmbedding(kv_channels=16, rotary_percent=1.0)
+    pos = mbs[1]["position_ids"]
+    emb = rope(pos, section)
+    assert emb.shape == (96, 2, 1, 16)
+    inv = torch.cat([rope.inv_freq, rope.inv_freq])
+    which = torch.repeat_interleave(torch.tensor([0, 1, 2] * 2), torch.tensor(section * 2))  # channel -> t/h/w
+    for c in range(16):
+        assert torch.equal((emb[:, :, 0, c] / inv[c]).round().long(), pos[which[c]].T), c
+    assert bool((pos[1] != pos[2]).any())  # the image tokens' rows and columns differ: not 1-D positions

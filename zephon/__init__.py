@@ -7,6 +7,7 @@ see README.md and docs/design.md.
 """
 
 from . import read
+from .batch_rows import select_rows
 from .collate import HASHED_KEYS, batch_digest, collate, global_digest
 from .compile import ValidationReport
 from .loader import ZephonLoader, build_loader, lanes_of_rank
@@ -30,5 +31,5 @@ __all__ = [
     "StateError",
     "Tokenizer", "TokenizerSpec", "Transform", "ValidationReport", "WorkPlan", "ZephonLoader", "batch_digest",
     "build_loader", "collate", "global_digest", "lanes_of_rank", "load_pipeline", "load_recipe", "load_state", "load_tokenizer",
-    "merge_states", "read", "recipe_from_dict", "save_state", "tokenizer",
+    "merge_states", "read", "recipe_from_dict", "save_state", "select_rows", "tokenizer",
 ]

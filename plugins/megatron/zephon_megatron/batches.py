@@ -23,6 +23,16 @@ Each micro-batch is the dict Megatron-LM's ``pretrain_gpt.py`` expects:
 ``cu_seqlens``    int32 ``[1, n+1]`` document boundaries of the micro-batch's single row (padding
                   is its own segment), only with ``--zephon-cu-seqlens`` (requires
                   ``--micro-batch-size 1``, as Megatron's packed-sequence path does)
+
+A pipeline with images adds the micro-batch's own images, cut by :func:`zephon.select_rows` (the same
+tensors a data-parallel rank owning just those rows would get): ``pixel_values``, ``image_grid_thw``,
+``image_token_start`` and ``image_row`` (relative to the micro-batch) with flat pixels, or
+``pixel_values`` ``[mbs * max_images_per_row, 3, H, W]``, ``image_mask``, ``image_grid_thw`` and
+``image_token_start`` with fixed ones. With ``batch(positions="mrope")``, ``position_ids`` is
+``[3, mbs, S]``, the layout megatron-core's ``GPTModel(position_embedding_type="mrope")`` takes; its
+positions restart at every document, so it needs ``--reset-position-ids``. Megatron-LM's own
+``pretrain_gpt.py`` broadcasts only the text keys across tensor-parallel ranks: a vision-language
+training script reads the image keys in its own ``get_batch`` (as Megatron's multimodal example does).
 """
 
 from __future__ import annotations
@@ -32,6 +42,7 @@ from typing import Any
 import torch
 
 IGNORE_INDEX = -100  # zephon.IGNORE; duplicated to keep this module importable on its own
+IMAGE_KEYS = ("pixel_values", "image_grid_thw", "image_token_start", "image_row", "image_mask")
 
 
 class MegatronBatches:
@@ -97,21 +108,29 @@ class MegatronBatches:
 
     def micro_batch(self, batch: dict[str, torch.Tensor], rows: slice) -> dict[str, torch.Tensor]:
         """Megatron's dict for ``rows`` of a Zephon batch (see the module docstring)."""
-        labels = batch["labels"][rows].clone()
+        from zephon.batch_rows import select_rows
+
+        part = select_rows(batch, rows)
+        labels = part["labels"].clone()
         labels[labels == IGNORE_INDEX] = self.pad_id
-        tokens = batch["input_ids"][rows].contiguous()
+        tokens = part["input_ids"].contiguous()
         n = tokens.shape[0]
-        if self.reset_position_ids:
-            position_ids = batch["position_ids"][rows].contiguous()
+        if part["position_ids"].dim() == 3:  # mrope [3, mbs, S]
+            if not self.reset_position_ids:
+                raise ValueError("this pipeline's batches carry mrope position_ids (batch(positions='mrope')), which "
+                                 "restart at every packed document: run Megatron with --reset-position-ids")
+            position_ids = part["position_ids"].contiguous()
+        elif self.reset_position_ids:
+            position_ids = part["position_ids"].contiguous()
         else:
             position_ids = torch.arange(self._seq_len, dtype=torch.int64).expand(n, -1).contiguous()
         out = {
             "tokens": tokens,
             "labels": labels,
-            "loss_mask": batch["loss_mask"][rows].to(torch.float32).contiguous(),
+            "loss_mask": part["loss_mask"].to(torch.float32).contiguous(),
             "position_ids": position_ids,
         }
-        segments = batch["segment_ids"][rows]
+        segments = part["segment_ids"]
         if self.attention_mask:
             allowed = self._causal.expand(n, -1, -1)
             if self.document_mask:
@@ -119,6 +138,7 @@ class MegatronBatches:
             out["attention_mask"] = (~allowed).unsqueeze(1).contiguous()
         if self.cu_seqlens:
             out["cu_seqlens"] = row_cu_seqlens(segments[0]).unsqueeze(0)
+        out.update({k: part[k].contiguous() for k in IMAGE_KEYS if k in part})
         return out
 
     # -- state ----------------------------------------------------------------------------------

@@ -39,6 +39,7 @@ TRAINER_TOKENIZER = "@hf_assets_path"
 
 HEADER_KEY = "zephon"
 LANE_PREFIX = "lane_"
+IMAGE_KEYS = ("pixel_values", "image_grid_thw", "image_row", "image_token_start", "image_mask")
 _HEADER_FIELDS = ("format", "version", "fingerprint", "pipeline", "step", "events", "ended", "digest")
 
 
@@ -162,6 +163,13 @@ def to_torchtitan(batch: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tenso
     counts as one more document (0, 1, 2, ...), so a mask sees one padding segment instead of one per
     token. Its labels are ignored either way.
     """
+    images = [k for k in IMAGE_KEYS if k in batch]
+    if images or batch["position_ids"].dim() != 2:
+        raise ValueError(f"this pipeline's batches carry images ({', '.join(images) or 'mrope position_ids [3, B, S]'}), "
+                         f"but Torchtitan 0.3's trainer feeds text models only ``input`` and ``positions`` (and "
+                         f"its pipeline-parallel schedule would cut pixel tensors by their first dimension, not by "
+                         f"row): train vision-language pipelines from ZephonLoader batches (scripts/train_tiny_vlm.py) "
+                         f"or Megatron (zephon_megatron hands each micro-batch its own images)")
     pad = batch["segment_ids"] == 0
     positions = torch.where(pad, pad.cumsum(1) - 1, batch["position_ids"])
     labels = batch["labels"]
