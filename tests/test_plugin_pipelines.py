@@ -13,6 +13,7 @@ import os
 from types import SimpleNamespace
 
 import pytest
+import torch
 
 from tests.optional import require
 
@@ -25,14 +26,19 @@ from .test_megatron import _toml
 SEQ = 64
 
 
-def make_pipe() -> zephon.Pipeline:
+def make_pipe(positions: str = "1d") -> zephon.Pipeline:
     """The suite's base recipe as a builder pipeline (paths from the environment the fixture sets)."""
     corpus, tok = os.environ["ZEPHON_TEST_CORPUS"], zephon.tokenizer(os.environ["ZEPHON_TEST_SP"])
     return (zephon.Pipeline(seed=7, lanes=8, flush_every=1)
             .source("web", zephon.read.parquet(f"{corpus}/web", chunk_rows=4), weight=0.7)
             .source("code", zephon.read.jsonl(f"{corpus}/code/*.jsonl", chunk_bytes=1024, unit_bytes=4096), weight=0.3)
             .tokenize(tok).split(max_tokens=SEQ).mix(by="tokens")
-            .pack(seq_len=SEQ, algorithm="best_fit", max_open_bins=4).batch(rows_per_lane=2))
+            .pack(seq_len=SEQ, algorithm="best_fit", max_open_bins=4).batch(rows_per_lane=2, positions=positions))
+
+
+def make_mrope_pipe() -> zephon.Pipeline:
+    """The same with 3-D (mrope) positions: ``position_ids`` ``[3, B, S]``."""
+    return make_pipe(positions="mrope")
 
 
 @pytest.fixture(scope="module")
@@ -142,3 +148,33 @@ def test_megatron_runs_a_schedule_recipe(paths):
         zm.reset()
     recipe = zephon.load_recipe(paths / "curriculum.toml")
     assert global_hashes(recipe, 4, 6) == global_hashes(recipe, 1, 6)
+
+
+# -- batches a text trainer cannot take ------------------------------------------------------------------------
+def test_torchtitan_refuses_mrope_positions_when_built(paths):
+    with pytest.raises(ValueError, match=r"batch\(pixels='lists', positions='mrope'\).*zephon_megatron"):
+        tt_loader("tests.test_plugin_pipelines:make_mrope_pipe")
+
+
+def test_megatron_takes_mrope_positions_with_reset_position_ids_only(paths):
+    zm = require("zephon_megatron")
+    zm.reset()
+    lay = zm.Layout(0, 1, micro_batch_size=4, num_microbatches=4)
+    ref = "tests.test_plugin_pipelines:make_mrope_pipe"
+    with pytest.raises(zm.ZephonMegatronError, match="--zephon-recipe: .*--reset-position-ids"):
+        zm.build_data_iterators(_megatron_args(ref, reset_position_ids=False), lay)
+    train, _, _ = zm.build_data_iterators(_megatron_args(ref), lay)
+    try:
+        step = zephon.build_loader(make_mrope_pipe(), rank=0, world_size=1)
+        want = next(step)["position_ids"]
+        step.close()
+        got = [next(train)["position_ids"] for _ in range(4)]
+        assert all(g.shape == (3, 4, SEQ) for g in got)
+        assert torch.equal(torch.cat(got, dim=1), want)  # micro-batches cut on the batch dimension
+    finally:
+        train.loader.close()
+        zm.reset()
+    from zephon_megatron.pretrain_gpt import main as pretrain_gpt
+
+    with pytest.raises(SystemExit, match="trains a text GPT"):  # before any Megatron-LM checkout is needed
+        pretrain_gpt(["--zephon-recipe", ref])

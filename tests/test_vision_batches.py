@@ -329,6 +329,30 @@ def _assert_same_batch(got: dict, want: dict, where: str) -> None:
             assert got[k] == want[k], (where, k)
 
 
+def test_select_rows_worked_example_and_a_row_without_images():
+    """The module docstring's example, by hand: rows without images, ``cu_seqlens`` through padding."""
+    S, D = 4, 6
+    seg = torch.tensor([[1, 1, 2, 0], [1, 1, 1, 1], [1, 2, 2, 2], [1, 1, 0, 0]], dtype=torch.int32)
+    pixels = torch.arange(8 * D, dtype=torch.uint8).reshape(8, D)
+    batch = {"input_ids": torch.arange(16).reshape(4, S), "segment_ids": seg,
+             "cu_seqlens": torch.tensor([0, 2, 3, 4, 8, 9, 12, 14, 16], dtype=torch.int32),
+             "position_ids": torch.arange(16).reshape(1, 4, S).expand(3, -1, -1),
+             "pixel_values": pixels, "image_grid_thw": torch.tensor([[1, 1, 2], [1, 1, 1], [1, 1, 1], [1, 2, 2]]),
+             "image_row": torch.tensor([0, 1, 3, 3]), "image_token_start": torch.tensor([0, 1, 0, 2]),
+             "meta": [["a", "b"], ["c"], ["d", "e"], ["f"]]}
+    tail = z.select_rows(batch, slice(2, 4))
+    assert torch.equal(tail["pixel_values"], pixels[3:8]) and tail["image_row"].tolist() == [1, 1]
+    assert tail["cu_seqlens"].tolist() == [0, 1, 4, 6, 8] and tail["cu_seqlens"].dtype == torch.int32
+    assert tail["meta"] == [["d", "e"], ["f"]] and tail["position_ids"].shape == (3, 2, S)
+    empty = z.select_rows(batch, slice(2, 3))  # row 2 has no image
+    assert empty["pixel_values"].shape == (0, D) and empty["image_grid_thw"].shape == (0, 3)
+    assert empty["image_row"].tolist() == [] and empty["cu_seqlens"].tolist() == [0, 1, 4]
+    assert z.select_rows(batch, slice(1, 3))["cu_seqlens"].tolist() == [0, 4, 5, 8]
+    assert z.select_rows(batch, slice(3, 3))["cu_seqlens"].tolist() == [0]
+    with pytest.raises(ValueError, match="'meta'"):
+        z.select_rows({**batch, "meta": 3}, slice(0, 1))
+
+
 @pytest.mark.parametrize("pixels,positions", [("flat", "mrope"), ("fixed", "1d")])
 def test_select_rows_is_the_batch_of_a_rank_owning_those_rows(data, vl_tok, pixels, positions):
     """``select_rows`` of the one-rank batch equals, key by key (``cu_seqlens``, pixels, image rows and mrope
@@ -350,36 +374,57 @@ def test_select_rows_is_the_batch_of_a_rank_owning_those_rows(data, vl_tok, pixe
 
 
 def test_megatron_micro_batches_carry_their_images_and_mrope_positions(data, vl_tok, monkeypatch):
-    """Megatron micro-batches of a vision-language step: each carries its own rows' images, and
-    megatron-core's own multimodal rotary embedding reads the ``[3, mbs, S]`` positions as (t, h, w)."""
+    """Megatron micro-batches of a vision-language step: each carries its own rows' images (flat and fixed
+    pixels), and megatron-core's own multimodal rotary embedding reads the ``[3, mbs, S]`` positions as (t, h, w)."""
     require("megatron.core")
     if importlib.util.find_spec("zephon_megatron") is None:  # as test_megatron.py: the plugin from the checkout
         monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "plugins" / "megatron"))
     import zephon_megatron
+
     pipe = pipeline(data, vl_tok, lanes=8)
     ref, loader = pipe.build(rank=1, world_size=2), pipe.build(rank=1, world_size=2)
-    micro = zephon_megatron.MegatronBatches(loader, 2, 2, pad_id=0)
+    micro = zephon_megatron.MegatronBatches(loader, 2, 2, pad_id=0, reset_position_ids=True)
     try:
-        for _ in range(2):
+        for _ in range(3):
             step = next(ref)
+            patches = torch.cat([torch.zeros(1, dtype=torch.long), step["image_grid_thw"].prod(dim=1).cumsum(0)])
             mbs = [next(micro) for _ in range(2)]
-            for i, mb in enumerate(mbs):
-                part = z.select_rows(step, slice(2 * i, 2 * i + 2))
-                assert mb["position_ids"].shape == (3, 2, 96)
-                for k in ("pixel_values", "image_grid_thw", "image_row", "image_token_start", "position_ids"):
-                    assert torch.equal(mb[k], part[k]), k
+            for i, mb in enumerate(mbs):  # rows 2i, 2i+1 of the step, sliced here by hand
+                mine = torch.nonzero((step["image_row"] >= 2 * i) & (step["image_row"] < 2 * i + 2)).flatten()
+                assert torch.equal(mb["position_ids"], step["position_ids"][:, 2 * i:2 * i + 2])
+                assert torch.equal(mb["image_row"], step["image_row"][mine] - 2 * i)
+                assert torch.equal(mb["image_grid_thw"], step["image_grid_thw"][mine])
+                assert torch.equal(mb["image_token_start"], step["image_token_start"][mine])
+                lo, hi = (int(patches[mine[0]]), int(patches[mine[-1] + 1])) if len(mine) else (0, 0)
+                assert torch.equal(mb["pixel_values"], step["pixel_values"][lo:hi])
             assert torch.equal(torch.cat([m["pixel_values"] for m in mbs]), step["pixel_values"])
-            assert torch.equal(torch.cat([mbs[0]["image_row"], mbs[1]["image_row"] + 2]), step["image_row"])
     finally:
         ref.close()
         micro.close()
-    with pytest.raises(ValueError, match="--reset-position-ids"):
-        no_reset = zephon_megatron.MegatronBatches(pipe.build(rank=0, world_size=2), 2, 2, pad_id=0,
-                                                   reset_position_ids=False)
-        try:
-            next(no_reset)
-        finally:
-            no_reset.close()
+
+    fixed = pipeline(data, vl_tok, lanes=8, pixels="fixed", positions="1d", size=56, max_images=2)
+    ref, loader = fixed.build(rank=0, world_size=1), fixed.build(rank=0, world_size=1)
+    micro = zephon_megatron.MegatronBatches(loader, 4, 2, pad_id=0)
+    try:
+        step = next(ref)
+        for i in range(2):  # 4 rows x 2 slots each
+            mb = next(micro)
+            for k in ("pixel_values", "image_mask", "image_grid_thw", "image_token_start"):
+                assert torch.equal(mb[k], step[k][8 * i:8 * i + 8]), k
+        assert bool(step["image_mask"].any())
+    finally:
+        ref.close()
+        micro.close()
+
+    others = [pipe.build(rank=0, world_size=2), pipeline(data, vl_tok, lanes=8, pixels="lists").build(rank=0, world_size=1)]
+    try:  # refused when built, before any batch
+        with pytest.raises(ValueError, match="--reset-position-ids"):
+            zephon_megatron.MegatronBatches(others[0], 2, 2, pad_id=0, reset_position_ids=False)
+        with pytest.raises(ValueError, match="pixels='lists'.*pixels='flat'"):
+            zephon_megatron.MegatronBatches(others[1], 2, 4, pad_id=0)
+    finally:
+        for other in others:
+            other.close()
 
     # megatron-core's MultimodalRotaryEmbedding, as GPTModel(position_embedding_type="mrope") builds it; its
     # constructor places inv_freq on torch.cuda.current_device(), which this CPU-only host lacks

@@ -3,9 +3,9 @@
 A trainer that splits a Zephon step (Megatron's micro-batches, say) needs every key cut consistently, not
 only the ``[B, S]`` tensors: ``cu_seqlens`` is over the flattened rows, ``pixel_values`` holds the patches
 of every image of the batch, ``image_row`` numbers rows of the whole batch, mrope ``position_ids`` are
-``[3, B, S]``. :func:`select_rows` gives exactly the batch a rank owning only those rows would get, so
-concatenating the selections of consecutive row ranges in order (``global_digest``) reproduces the
-batch's digest.
+``[3, B, S]``. :func:`select_rows` gives the batch a rank owning only those rows would get (its tensors
+exactly; see the function for payload lists), so concatenating the selections of consecutive row ranges
+in order (``global_digest``) reproduces the batch's digest.
 
 Worked example: a batch of 4 rows whose images sit in rows ``[0, 1, 3, 3]`` with ``2, 1, 1, 4`` patches
 (flat pixels). ``select_rows(batch, slice(2, 4))`` keeps the last two images, their 5 patches (rows
@@ -22,6 +22,10 @@ import torch
 
 def select_rows(batch: Mapping[str, Any], rows: slice) -> dict[str, Any]:
     """Rows ``rows`` (a step-1 slice) of a batch from :func:`zephon.collate.collate`, every key included.
+
+    Every tensor key is what a rank owning just those rows gets; a payload list keeps its key even where
+    none of the rows carries that field (``None`` per document, as :func:`zephon.collate.global_digest`
+    reads a missing payload), while such a rank's own batch would not have the key.
 
     Per-row tensors (``[B, ...]``) and payload lists are sliced; ``cu_seqlens`` keeps the boundaries
     inside the rows, shifted to 0; mrope ``position_ids`` ``[3, B, S]`` are sliced on their batch
@@ -62,8 +66,8 @@ def _image_selection(batch: Mapping[str, Any], B: int, lo: int, hi: int) -> dict
     """The image keys of rows ``lo:hi``: flat (indexed by ``image_row``) or fixed (slots per row)."""
     if "image_row" in batch:
         image_row = batch["image_row"]
-        first = int(torch.searchsorted(image_row, lo))  # images come in row order
-        last = int(torch.searchsorted(image_row, hi))
+        bounds = torch.searchsorted(image_row, torch.tensor([lo, hi], dtype=image_row.dtype))  # rows in order
+        first, last = int(bounds[0]), int(bounds[1])
         patches = batch["image_grid_thw"].prod(dim=1).cumsum(0)
         p0 = int(patches[first - 1]) if first else 0
         p1 = int(patches[last - 1]) if last else 0

@@ -76,6 +76,9 @@ class MegatronBatches:
         self._batch: dict[str, torch.Tensor] | None = None
         self._seq_len = int(loader.recipe.seq_len)
         self._causal = torch.ones(self._seq_len, self._seq_len, dtype=torch.bool).tril_()
+        found = image_layout(loader.recipe)
+        if found is not None:
+            check_image_batches(*found, reset_position_ids)
 
     # -- iteration ------------------------------------------------------------------------------
     @property
@@ -115,12 +118,7 @@ class MegatronBatches:
         labels[labels == IGNORE_INDEX] = self.pad_id
         tokens = part["input_ids"].contiguous()
         n = tokens.shape[0]
-        if part["position_ids"].dim() == 3:  # mrope [3, mbs, S]
-            if not self.reset_position_ids:
-                raise ValueError("this pipeline's batches carry mrope position_ids (batch(positions='mrope')), which "
-                                 "restart at every packed document: run Megatron with --reset-position-ids")
-            position_ids = part["position_ids"].contiguous()
-        elif self.reset_position_ids:
+        if self.reset_position_ids or part["position_ids"].dim() == 3:  # mrope [3, mbs, S]: checked at __init__
             position_ids = part["position_ids"].contiguous()
         else:
             position_ids = torch.arange(self._seq_len, dtype=torch.int64).expand(n, -1).contiguous()
@@ -204,6 +202,31 @@ class EvaluationBatches(MegatronBatches):
     def state_dict(self) -> dict[str, Any]:
         raise RuntimeError("this validation iterator restarts at every evaluation: it has no position to save "
                            "(zephon_megatron.save_data_state writes none for it).")
+
+
+def image_layout(recipe: Any) -> tuple[str, str] | None:
+    """``(pixels, positions)`` of a pipeline whose batches carry images or mrope positions (its
+    ``batch(pixels=, positions=)``), None for a text pipeline with 1-D positions."""
+    from zephon.loader import as_pipeline
+
+    steps = as_pipeline(recipe).steps
+    batch = next((s for s in steps if getattr(s, "kind", None) == "batch"), None)
+    pixels, positions = (batch.pixels, batch.positions) if batch is not None else ("flat", "1d")
+    if any(getattr(s, "kind", None) in ("decode_images", "tokenize_images") for s in steps):
+        return pixels, positions
+    return ("flat", positions) if positions == "mrope" else None
+
+
+def check_image_batches(pixels: str, positions: str, reset_position_ids: bool) -> None:
+    """Refuse a batch layout Megatron micro-batches cannot carry (``pixels``/``positions``: the pipeline's
+    ``batch(pixels=, positions=)``, for a pipeline with images or mrope positions)."""
+    if pixels == "lists":
+        raise ValueError("batch(pixels='lists') keeps images as per-document Python lists, which a Megatron "
+                         "micro-batch (a dict of tensors) cannot carry: use pixels='flat' (patches "
+                         "[total_patches, p*p*3]) or pixels='fixed' ([rows * max_images_per_row, 3, H, W])")
+    if positions == "mrope" and not reset_position_ids:
+        raise ValueError("batch(positions='mrope') gives position_ids [3, mbs, S] that restart at every packed "
+                         "document: run Megatron with --reset-position-ids")
 
 
 def row_cu_seqlens(segment_ids: torch.Tensor) -> torch.Tensor:

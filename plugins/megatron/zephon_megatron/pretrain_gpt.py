@@ -21,8 +21,11 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any
 
+import zephon
+
 from .provider import (
     add_zephon_args,
+    image_layout,
     install_checkpoint_hook,
     megatron_args_defaults,
     train_valid_test_datasets_provider,
@@ -70,6 +73,12 @@ def main(argv: list[str] | None = None) -> None:
     known, _ = pre.parse_known_args(argv)
     if not known.zephon_recipe:
         raise SystemExit("zephon_megatron.pretrain_gpt: --zephon-recipe RECIPE.toml is required.")
+    if image_layout(zephon.load_pipeline(known.zephon_recipe)) is not None:
+        raise SystemExit(f"zephon_megatron.pretrain_gpt: --zephon-recipe {known.zephon_recipe} gives batches with images "
+                         f"or mrope positions, but Megatron-LM's pretrain_gpt.py trains a text GPT: its get_batch "
+                         f"hands the model the text keys only and broadcasts [mbs, S] position_ids to the other "
+                         f"tensor-parallel ranks. Train such a pipeline from a script with its own get_batch that "
+                         f"reads the image keys (see the plugin's README, 'What forward_step receives').")
     defaults = megatron_args_defaults(known.zephon_recipe)
     sys.argv = [sys.argv[0]] + argv  # Megatron parses sys.argv itself
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import zephon
 
-from .batches import EvaluationBatches, MegatronBatches
+from .batches import EvaluationBatches, MegatronBatches, check_image_batches, image_layout
 from .checkpoint import data_state_dir, find_data_state, read_data_state, read_header, write_data_state
 from .layout import Layout, ZephonMegatronError, check_fit, layout_from_megatron
 
@@ -157,16 +157,25 @@ def _batch_options(args: Any) -> dict[str, Any]:
             "cu_seqlens": bool(getattr(args, "zephon_cu_seqlens", False))}
 
 
+def _check_image_layout(recipe: Any, args: Any, option: str) -> None:
+    found = image_layout(recipe)
+    if found is not None:
+        try:
+            check_image_batches(*found, bool(getattr(args, "reset_position_ids", False)))
+        except ValueError as exc:
+            raise ZephonMegatronError(f"{option}: {exc}") from None
+
+
 def _build_split(split: str, recipe: Any, args: Any, layout: Layout) -> MegatronBatches:
     loader = _new_loader(recipe, args, layout)
     try:
         resume_step, resume_iteration = _resume(split, loader, args, layout)
+        return MegatronBatches(
+            loader, layout.micro_batch_size, layout.num_microbatches, pad_id=loader.pad_id, split=split,
+            resume_step=resume_step, resume_iteration=resume_iteration, **_batch_options(args))
     except BaseException:
         loader.close()
         raise
-    return MegatronBatches(
-        loader, layout.micro_batch_size, layout.num_microbatches, pad_id=loader.pad_id, split=split,
-        resume_step=resume_step, resume_iteration=resume_iteration, **_batch_options(args))
 
 
 def _reads_whole(recipe: Any, option: str) -> bool:
@@ -268,6 +277,7 @@ def build_data_iterators(args: Any, layout: Layout | None = None, vp_stage: int 
     check_fit(recipe, layout, seq_length=getattr(args, "seq_length", None),
               global_batch_size=getattr(args, "global_batch_size", None),
               rampup_batch_size=getattr(args, "rampup_batch_size", None))
+    _check_image_layout(recipe, args, "--zephon-recipe")
     valid_recipe = None
     reads_whole = False
     eval_iters = getattr(args, "eval_iters", 0) or 0
@@ -276,6 +286,7 @@ def build_data_iterators(args: Any, layout: Layout | None = None, vp_stage: int 
         valid_recipe = zephon.load_pipeline(args.zephon_valid_recipe)
         check_fit(valid_recipe, layout, seq_length=getattr(args, "seq_length", None),
                   global_batch_size=getattr(args, "global_batch_size", None), option="--zephon-valid-recipe")
+        _check_image_layout(valid_recipe, args, "--zephon-valid-recipe")
         reads_whole = _reads_whole(valid_recipe, f"--zephon-valid-recipe {args.zephon_valid_recipe}")
         if full_validation and not reads_whole:
             raise ZephonMegatronError(

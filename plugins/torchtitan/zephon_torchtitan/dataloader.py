@@ -155,6 +155,14 @@ def check_fit(recipe: Recipe, dp_degree: int, seq_len: int, local_batch_size: in
     return rows // local_batch_size
 
 
+def images_refused(what: str) -> ValueError:
+    return ValueError(f"this pipeline's batches carry images ({what}), but Torchtitan 0.3's trainer feeds text "
+                      f"models only ``input`` and ``positions`` (and its pipeline-parallel schedule would cut pixel "
+                      f"tensors by their first dimension, not by row): train vision-language pipelines from "
+                      f"ZephonLoader batches (scripts/train_tiny_vlm.py) or Megatron (zephon_megatron hands each "
+                      f"micro-batch its own images)")
+
+
 def to_torchtitan(batch: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
     """A Zephon rank batch as ``({"input", "positions"}, labels)`` for the Torchtitan 0.3 trainer.
 
@@ -165,11 +173,7 @@ def to_torchtitan(batch: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tenso
     """
     images = [k for k in IMAGE_KEYS if k in batch]
     if images or batch["position_ids"].dim() != 2:
-        raise ValueError(f"this pipeline's batches carry images ({', '.join(images) or 'mrope position_ids [3, B, S]'}), "
-                         f"but Torchtitan 0.3's trainer feeds text models only ``input`` and ``positions`` (and "
-                         f"its pipeline-parallel schedule would cut pixel tensors by their first dimension, not by "
-                         f"row): train vision-language pipelines from ZephonLoader batches (scripts/train_tiny_vlm.py) "
-                         f"or Megatron (zephon_megatron hands each micro-batch its own images)")
+        raise images_refused(", ".join(images) or "mrope position_ids [3, B, S]")
     pad = batch["segment_ids"] == 0
     positions = torch.where(pad, pad.cumsum(1) - 1, batch["position_ids"])
     labels = batch["labels"]
@@ -277,6 +281,10 @@ class ZephonDataLoader(BaseDataLoader):
                                            num_workers=config.num_workers, runner=config.runner,
                                            prefetch=config.prefetch, max_steps=self.max_steps)
         weakref.finalize(self, self._loader.close)
+        images = self._loader.program.images  # a pipeline with images (any pixels mode) or mrope positions
+        if images is not None:
+            self._loader.close()
+            raise images_refused(f"batch(pixels={images.pixels!r}, positions={images.positions!r})")
         self.lanes = self._loader.lanes
         self._pending: deque[tuple[dict[str, torch.Tensor], torch.Tensor]] = deque()
         self._hash_file = None
