@@ -30,9 +30,11 @@ tensors a data-parallel rank owning just those rows would get): ``pixel_values``
 ``pixel_values`` ``[mbs * max_images_per_row, 3, H, W]``, ``image_mask``, ``image_grid_thw`` and
 ``image_token_start`` with fixed ones. With ``batch(positions="mrope")``, ``position_ids`` is
 ``[3, mbs, S]``, the layout megatron-core's ``GPTModel(position_embedding_type="mrope")`` takes; its
-positions restart at every document, so it needs ``--reset-position-ids``. Megatron-LM's own
-``pretrain_gpt.py`` broadcasts only the text keys across tensor-parallel ranks: a vision-language
-training script reads the image keys in its own ``get_batch`` (as Megatron's multimodal example does).
+positions restart at every document, so it needs ``--reset-position-ids`` (refused without it when the
+iterator is built, as is ``pixels="lists"``: Python lists are no micro-batch tensors). Megatron-LM's own
+``pretrain_gpt.py`` broadcasts only the text keys across tensor-parallel ranks, so
+``zephon_megatron.pretrain_gpt`` refuses such pipelines: a vision-language training script reads the
+image keys in its own ``get_batch`` (as Megatron's multimodal example does).
 """
 
 from __future__ import annotations
