@@ -57,6 +57,7 @@ from .ops.image_layout import IMAGE_GRID, IMAGE_SPANS, IMAGES
 from .records import Row
 
 PIXEL_MODES = ("flat", "fixed", "lists")
+IMAGE_KEYS = ("pixel_values", "image_grid_thw", "image_row", "image_token_start", "image_mask")  # any a mode gives
 POSITION_MODES = ("1d", "mrope")
 
 
@@ -222,4 +223,4 @@ def normalize(pixel_values: torch.Tensor, mean: Sequence[float], std: Sequence[f
     return (x - m.view(1, 3, 1, 1)) / sd.view(1, 3, 1, 1)
 
 
-__all__ = ["ImageBatch", "PIXEL_MODES", "POSITION_MODES", "image_keys", "mrope_positions", "normalize", "unpatchify"]
+__all__ = ["IMAGE_KEYS", "ImageBatch", "PIXEL_MODES", "POSITION_MODES", "image_keys", "mrope_positions", "normalize", "unpatchify"]

@@ -44,7 +44,6 @@ from typing import Any
 import torch
 
 IGNORE_INDEX = -100  # zephon.IGNORE; duplicated to keep this module importable on its own
-IMAGE_KEYS = ("pixel_values", "image_grid_thw", "image_token_start", "image_row", "image_mask")
 
 
 class MegatronBatches:
@@ -114,6 +113,7 @@ class MegatronBatches:
     def micro_batch(self, batch: dict[str, torch.Tensor], rows: slice) -> dict[str, torch.Tensor]:
         """Megatron's dict for ``rows`` of a Zephon batch (see the module docstring)."""
         from zephon.batch_rows import select_rows
+        from zephon.collate_images import IMAGE_KEYS
 
         part = select_rows(batch, rows)
         labels = part["labels"].clone()

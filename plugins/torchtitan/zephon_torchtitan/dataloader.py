@@ -33,13 +33,13 @@ from torchtitan.tools.logging import logger
 
 import zephon
 from zephon import Recipe
+from zephon.collate_images import IMAGE_KEYS
 
 #: ``[tokenizer] path`` value that means "the trainer's Hugging Face tokenizer" (``--hf_assets_path``).
 TRAINER_TOKENIZER = "@hf_assets_path"
 
 HEADER_KEY = "zephon"
 LANE_PREFIX = "lane_"
-IMAGE_KEYS = ("pixel_values", "image_grid_thw", "image_row", "image_token_start", "image_mask")
 _HEADER_FIELDS = ("format", "version", "fingerprint", "pipeline", "step", "events", "ended", "digest")
 
 
