@@ -205,6 +205,56 @@ def test_padding_rows_stack_as_zeros_and_lists_as_none():
     assert b["s"] == ["a", None, "b"] and b["valid"].tolist() == [True, False, True]
 
 
+_SHAPES = st.sampled_from([(), (3,), (2, 2)])
+_DTYPES = st.sampled_from([np.uint8, np.int32, np.float32])
+
+
+@st.composite
+def _stack_values(draw):
+    """Values of one stacked field: arrays, lists of arrays (``images``), Python scalars and lists, of one
+    shape and dtype or (sometimes) not, some non-contiguous, some rows of padding."""
+    shape, dtype = draw(_SHAPES), draw(_DTYPES)
+    n = draw(st.integers(1, 6))
+    out = []
+    for i in range(n):
+        if draw(st.integers(0, 5)) == 0:
+            out.append(None)  # a row of padding
+            continue
+        kind = draw(st.sampled_from(["array", "list", "python", "strided", "other"]))
+        a = np.arange(int(np.prod(shape)) + i, dtype=dtype)[i:].reshape(shape)
+        if kind == "list" and shape:
+            out.append([np.array(x) for x in a])
+        elif kind == "python":
+            out.append(a.tolist())
+        elif kind == "strided":
+            out.append(np.repeat(a[..., None], 2, axis=-1)[..., 0])
+        elif kind == "other":  # another shape or dtype: refused, as np.stack would
+            out.append(draw(st.sampled_from([np.zeros(4, np.uint8), np.zeros(shape, np.int64), [None]])))
+        else:
+            out.append(a)
+    if all(v is None for v in out):
+        out[0] = np.zeros(shape, dtype)
+    return out
+
+
+@settings(max_examples=200, deadline=None)
+@given(values=_stack_values())
+def test_stacking_copies_each_value_once_and_equals_numpy_stack_property(values):
+    """The batch's stacked field is exactly ``np.stack`` of ``np.asarray`` of every value (zeros on padding
+    rows), or refused where that would not give one shape and dtype: written straight into the batch."""
+    rows = [RecordRow(None if v is None else {"x": v}) for v in values]
+    real = [np.asarray(v) for v in values if v is not None]
+    first = real[0]
+    if first.dtype.kind not in "biufc" or any(a.shape != first.shape or a.dtype != first.dtype for a in real):
+        with pytest.raises(CollateError):
+            collate_records(rows, stack=("x",))
+        return
+    want = np.zeros((len(values), *first.shape), dtype=first.dtype)
+    want[[i for i, v in enumerate(values) if v is not None]] = np.stack(real)
+    got = collate_records(rows, stack=("x",))["x"].numpy()
+    assert got.dtype == want.dtype and got.shape == want.shape and got.tobytes() == want.tobytes()
+
+
 def test_recipe_round_trip_and_a_changed_stack_is_refused_on_resume(data, tmp_path):
     pipe = decoded(data)
     path = tmp_path / "records.toml"

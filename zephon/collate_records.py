@@ -49,27 +49,43 @@ def collate_records(rows: Sequence[RecordRow], stack: Sequence[str] = ()) -> dic
 
 
 def _stacked(key: str, records: list, real: list) -> np.ndarray:
+    """``np.stack`` of the records' values of ``key`` (zeros on padding rows), each value copied once,
+    straight into the batch: an array, or a list of arrays (``images``), is not first made an array of
+    its own. A value of any other kind, or one that does not match the first, goes through ``np.asarray``
+    and the checks below."""
     try:
-        values = [np.asarray(rec[key]) for rec in real]
+        values = [rec[key] for rec in real]
     except KeyError:
         raise CollateError(f"batch(stack=[{key!r}]): a record has no field {key!r}; every record must carry a "
                            f"stacked field (drop the others with a filter, or leave {key!r} out of stack)") from None
-    first = values[0]
+    first = np.asarray(values[0])
     if first.dtype.kind not in "biufc":
-        raise CollateError(f"batch(stack=[{key!r}]): records carry {key!r} as {type(real[0][key]).__name__} "
+        raise CollateError(f"batch(stack=[{key!r}]): records carry {key!r} as {type(values[0]).__name__} "
                            f"({first.dtype}), not numbers; only numeric arrays and scalars stack into a tensor "
                            f"(leave {key!r} out of stack to get a list)")
-    for v in values[1:]:
-        if v.shape != first.shape or v.dtype != first.dtype:
-            if object in (v.dtype, first.dtype):  # None among the values: a skipped image keeps its record's place
-                raise CollateError(f"batch(stack=[{key!r}]): a record's {key!r} holds None (an image that could not "
-                                   f"be decoded, kept in its place by decode_images(on_bad_image='skip')); drop such "
-                                   f"records with on_bad_image='drop_record', or leave {key!r} out of stack")
-            raise CollateError(f"batch(stack=[{key!r}]): records carry {key!r} as {first.dtype}{list(first.shape)} "
-                               f"and {v.dtype}{list(v.shape)}; a stacked field needs one shape and dtype (resize "
-                               f"images to one size, e.g. decode_images(size=...), or leave {key!r} out of stack)")
-    if len(real) == len(records):
-        return np.stack(values)
-    out = np.zeros((len(records), *first.shape), dtype=first.dtype)  # padding rows: zeros
-    out[[i for i, rec in enumerate(records) if rec is not None]] = np.stack(values)
+    shape, dtype = first.shape, first.dtype
+    whole = len(real) == len(records)
+    out = (np.empty if whole else np.zeros)((len(records), *shape), dtype=dtype)  # padding rows: zeros
+    rows = range(len(records)) if whole else [i for i, rec in enumerate(records) if rec is not None]
+    for i, value in zip(rows, values):
+        if type(value) is np.ndarray and value.shape == shape and value.dtype == dtype:
+            out[i] = value
+        elif type(value) in (list, tuple) and len(shape) and len(value) == shape[0] and all(
+                type(v) is np.ndarray and v.shape == shape[1:] and v.dtype == dtype for v in value):
+            for j, v in enumerate(value):
+                out[i, j] = v
+        else:
+            out[i] = _checked(key, np.asarray(value), first)
     return out
+
+
+def _checked(key: str, v: np.ndarray, first: np.ndarray) -> np.ndarray:
+    if v.shape != first.shape or v.dtype != first.dtype:
+        if object in (v.dtype, first.dtype):  # None among the values: a skipped image keeps its record's place
+            raise CollateError(f"batch(stack=[{key!r}]): a record's {key!r} holds None (an image that could not "
+                               f"be decoded, kept in its place by decode_images(on_bad_image='skip')); drop such "
+                               f"records with on_bad_image='drop_record', or leave {key!r} out of stack")
+        raise CollateError(f"batch(stack=[{key!r}]): records carry {key!r} as {first.dtype}{list(first.shape)} "
+                           f"and {v.dtype}{list(v.shape)}; a stacked field needs one shape and dtype (resize "
+                           f"images to one size, e.g. decode_images(size=...), or leave {key!r} out of stack)")
+    return v
