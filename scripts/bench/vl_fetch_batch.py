@@ -21,10 +21,11 @@ batches of 256 samples, nothing decoded. ``--mode decode``: the same, with every
                         batch_size=256, num_workers=W[, collate_fn that decodes])
   zephon_W_RUNNER       Zephon over the same tar shards (32 lanes x 8 rows, each row one sample): fetch: the
                         image bytes and caption as they are (batch() without pack()); decode:
-                        decode_images(size=224, patchify=False) + batch(stack=["images"]): uint8
+                        decode_images(size=224, patchify=False) + batch(stack=["images"]), 16 samples a task: uint8
                         [256, 1, 224, 224, 3] and the captions
-  zephon_rows256_W_R    fetch: the zephon_W_R pipeline reading 256 samples per task (chunk_rows=256, ~6 MB)
-                        instead of the default 64: a quarter of the per-task reads, opens and hand-overs
+  zephon_rowsN_W_R      the zephon_W_R pipeline with larger read tasks: fetch, 256 samples per task
+                        (chunk_rows=256, ~6 MB) instead of the default 64; decode, 64 instead of 16: fewer
+                        per-task reads, opens and hand-overs, more memory in flight
   zephon_packed_W_R     more work than the peers do (left out of the targets): fetch: each caption tokenized
                         (a 4096-word WordLevel model) and packed best-fit into rows of 128 tokens with its
                         image bytes as the document's payload (~2.6 samples per row); decode: the captions
@@ -68,6 +69,8 @@ BATCH = 256
 LANES, PER_LANE = 32, 8
 SEQ_FETCH, SEQ_DECODE = 128, 256
 SIZE = 224
+TASK = {"fetch": 64, "decode": 16}  # samples per read task (chunk_rows): the library's default; 16 where workers decode
+BIG_TASK = {"fetch": 256, "decode": 64}  # the zephon_rowsN_* configurations
 DEFAULTS = {"fetch": {"warmup": 10, "steps": 20, "repeats": 3},
             "decode": {"warmup": 8, "steps": 6, "repeats": 3}}
 
@@ -174,7 +177,8 @@ def zephon_pipeline(data: Path, mode: str, packed: bool = False, chunk_rows: int
                 .batch(rows_per_lane=PER_LANE))
     if not packed:  # the peers' work: each sample a row, its image decoded to 224 x 224 uint8 and its caption
         return (z.Pipeline(seed=1234, lanes=LANES)
-                .source("pairs", z.read.webdataset(vc.shards(data), columns=["image=jpg;png", "txt"], chunk_rows=16))
+                .source("pairs", z.read.webdataset(vc.shards(data), columns=["image=jpg;png", "txt"],
+                                                   chunk_rows=chunk_rows or TASK[mode]))
                 .decode_images("image", size=SIZE, patchify=False, on_bad_image="drop_record")
                 .batch(rows_per_lane=PER_LANE, stack=["images"]))
     return (z.Pipeline(seed=1234, lanes=LANES)
@@ -284,11 +288,11 @@ def configs(mode: str = "fetch") -> list[dict[str, Any]]:
         for r in ("thread", "pool", "process"):
             c.append({"name": f"zephon_{w}_{r}", "kind": "zephon", "workers": w, "runner": r,
                       "params": {"algorithm": algo, "runner": r}})
-    if mode == "fetch":
-        # the same pipeline reading 256 samples (~6 MB) per task instead of the default 64
-        for w, r in ((0, "inline"), (1, "thread"), (2, "thread"), (1, "pool"), (2, "pool")):
-            c.append({"name": f"zephon_rows256_{w}_{r}", "kind": "zephon", "workers": w, "runner": r,
-                      "params": {"algorithm": algo, "runner": "thread" if w == 0 else r, "chunk_rows": 256}})
+    # the same pipeline with larger tasks: fetch, 256 samples (~6 MB) instead of 64; decode, 64 instead of 16
+    big = BIG_TASK[mode]
+    for w, r in ((0, "inline"), (1, "thread"), (2, "thread"), (1, "pool"), (2, "pool")):
+        c.append({"name": f"zephon_rows{big}_{w}_{r}", "kind": "zephon", "workers": w, "runner": r,
+                  "params": {"algorithm": algo, "runner": "thread" if w == 0 else r, "chunk_rows": big}})
     # fetch: the captions tokenized and packed best-fit, their image bytes as payloads; decode: the captions
     # tokenized with their image tokens, packed one image a row, pixels as [256, 3, 224, 224]
     for w, r in ((0, "inline"), (1, "thread"), (2, "thread")):
@@ -419,7 +423,8 @@ def round_ratios(per_cfg: dict[str, list[dict]], rounds: int, mode: str = "fetch
         lines.append(f"{w} workers: Zephon best / peer best (>= 1{'; Grain >= 2.5' if mode == 'fetch' else ''}): "
                      + "; ".join(parts))
     pairs = [(f"{pre}0_inline", f"{pre}1_{runner}", f"{pre}2_{runner}") for pre, runners in
-             (("zephon_", ("thread", "pool", "process")), ("zephon_rows256_", ("thread", "pool"))) for runner in runners]
+             (("zephon_", ("thread", "pool", "process")), (f"zephon_rows{BIG_TASK[mode]}_", ("thread", "pool")))
+             for runner in runners]
     for zero, one, two in pairs:
         for a, b in ((zero, one), (one, two)):
             ratios = [val(b, r) / val(a, r) for r in range(rounds) if val(a, r) and val(b, r)]
