@@ -36,10 +36,12 @@ batches of 256 samples, nothing decoded. ``--mode decode``: the same, with every
 Reported: samples/s (image-caption pairs delivered in batches per second: the comparable figure). Protocol
 as fetch_batch.py: one subprocess per configuration and round; warm-up batches, then timed windows, the
 rate over all of them together (samples over seconds: a packing pipeline delivers in bursts, and the
-median of short windows picks the fast ones; each window's rate is kept in the JSON); ``--rounds`` interleaved rounds (every other round reversed), the median round reported with the
-min-max over rounds; the targets are checked as ratios *inside* each round. ``uptime``'s load average is
-recorded before and after every configuration (the machine is shared). Every Zephon configuration's batch
-SHA-256s must agree (exit 1 otherwise, 2 if a Zephon configuration failed). In decode mode the peers'
+median of short windows picks the fast ones; each window's rate is kept in the JSON). Read-ahead drains
+in short windows: with tasks of many samples, take long ones (BENCHMARKS.md, 8d). ``--rounds``
+interleaved rounds (every other round reversed), the median round reported with the min-max over rounds;
+the targets are checked as ratios *inside* each round. ``uptime``'s load average is recorded before and
+after every configuration (the machine is shared). The batch SHA-256s of every Zephon configuration of
+one pipeline must agree (exit 1 otherwise, 2 if a Zephon configuration failed). In decode mode the peers'
 transform (scripts/bench/vl_common.py: decode_resize) is first checked to give Zephon's pixels.
 
     python scripts/bench/vl_fetch_batch.py --data bench_data/vl --rounds 3 --json bench_results/vl_fetch.json
