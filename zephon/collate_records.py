@@ -50,9 +50,8 @@ def collate_records(rows: Sequence[RecordRow], stack: Sequence[str] = ()) -> dic
 
 def _stacked(key: str, records: list, real: list) -> np.ndarray:
     """``np.stack`` of the records' values of ``key`` (zeros on padding rows), each value copied once,
-    straight into the batch: an array, or a list of arrays (``images``), is not first made an array of
-    its own. A value of any other kind, or one that does not match the first, goes through ``np.asarray``
-    and the checks below."""
+    straight into the batch: a list of arrays (``images``) is not first made an array of its own. Every
+    other value goes through ``np.asarray`` (no copy for an array) and the checks below."""
     try:
         values = [rec[key] for rec in real]
     except KeyError:
@@ -68,13 +67,11 @@ def _stacked(key: str, records: list, real: list) -> np.ndarray:
     out = (np.empty if whole else np.zeros)((len(records), *shape), dtype=dtype)  # padding rows: zeros
     rows = range(len(records)) if whole else [i for i, rec in enumerate(records) if rec is not None]
     for i, value in zip(rows, values):
-        if type(value) is np.ndarray and value.shape == shape and value.dtype == dtype:
-            out[i] = value
-        elif type(value) in (list, tuple) and len(shape) and len(value) == shape[0] and all(
+        if type(value) in (list, tuple) and len(shape) and len(value) == shape[0] and all(
                 type(v) is np.ndarray and v.shape == shape[1:] and v.dtype == dtype for v in value):
-            for j, v in enumerate(value):
+            for j, v in enumerate(value):  # a list of arrays: each straight into its place
                 out[i, j] = v
-        else:
+        else:  # np.asarray of an array is the array itself: one copy, into the batch
             out[i] = _checked(key, np.asarray(value), first)
     return out
 
