@@ -17,6 +17,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from tests.optional import require
 
@@ -141,6 +143,43 @@ def _has_simplejpeg() -> bool:
     import importlib.util
 
     return importlib.util.find_spec("simplejpeg") is not None
+
+
+def _array_route(data: bytes, spec_: ImageSpec) -> np.ndarray:
+    """The module docstring's steps one by one on arrays: decode (at 1/s) to RGB, ``orient`` the array,
+    ``resize`` the array. The Pillow decoder keeps the image in Pillow until the end; this is its reference."""
+    from PIL import Image
+
+    from zephon.imaging import _needed, dct_scale, resize
+
+    with Image.open(io.BytesIO(data)) as im:
+        width, height = im.size
+        orientation = im.getexif().get(0x0112, 1)
+        if im.format == "JPEG" and spec_.reduced_decode:
+            need_h, need_w = _needed(height, width, orientation, spec_)
+            if dct_scale(height, width, need_h, need_w) > 1:
+                im.draft("RGB", (need_w, need_h))
+        pixels = np.asarray(im.convert("RGB"))
+    shown = (width, height) if orientation >= 5 else (height, width)
+    return resize(orient(pixels, orientation), spec_, *shown)
+
+
+@pytest.mark.parametrize("mode", ["RGB", "L", "CMYK", "RGBA", "P"])
+@pytest.mark.parametrize("orientation", range(1, 9))
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(h=st.integers(9, 400), w=st.integers(9, 400), reduced=st.booleans(),
+       target=st.sampled_from([dict(mode="crop", size=(64, 96)), dict(mode="crop", size=(56, 56), resample="box"),
+                               dict(max_pixels=112 * 112, merge=2), dict(min_pixels=300 * 300, max_pixels=600 * 600),
+                               dict(max_pixels=10 ** 6, patch_size=1)]))
+def test_pillow_decoder_equals_the_array_route_property(loaded, orientation, mode, h, w, reduced, target):
+    """Pixel for pixel, whatever the image's mode, size and orientation and whatever the target: the Pillow
+    decoder, which orients and resizes without leaving Pillow, gives what the steps on arrays give."""
+    fmt = "PNG" if mode in ("RGBA", "P") else "JPEG"
+    im = crop(loaded, (h * w) % len(loaded), h, w).convert(mode)
+    data = encode(im, fmt=fmt, orientation=orientation)
+    s = spec("pillow", reduced_decode=reduced, **target)
+    expected, got = _array_route(data, s), decode_image(data, s)
+    assert got.dtype == np.uint8 and got.shape == expected.shape and np.array_equal(got, expected)
 
 
 # -- sizes and patches -----------------------------------------------------------------------------------

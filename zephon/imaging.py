@@ -144,6 +144,11 @@ def tiff_orientation(tiff: bytes) -> int:
     return 1
 
 
+# EXIF orientation -> the Pillow transpose that shows the image upright (as ``orient`` does to an array).
+_TRANSPOSE = {2: "FLIP_LEFT_RIGHT", 3: "ROTATE_180", 4: "FLIP_TOP_BOTTOM", 5: "TRANSPOSE", 6: "ROTATE_270",
+              7: "TRANSVERSE", 8: "ROTATE_90"}
+
+
 def orient(pixels: np.ndarray, orientation: int) -> np.ndarray:
     """``pixels`` [H, W, C] as displayed for an EXIF ``orientation`` (what Pillow's ``exif_transpose`` does)."""
     if orientation == 2:
@@ -297,17 +302,21 @@ def _decode_simplejpeg(data: bytes, spec: ImageSpec) -> np.ndarray | None:
 def _decode_pillow(data: bytes, fmt: str, spec: ImageSpec) -> np.ndarray:
     from PIL import Image, UnidentifiedImageError
 
+    # No ``with``: closing an image frees its pixels, which are used after the block; the bytes are in memory.
     try:
-        with Image.open(io.BytesIO(data), formats=[fmt]) as im:
-            width, height = im.size
-            _check_pixels(height, width, spec)
-            orientation = im.getexif().get(_ORIENTATION_TAG, 1)
-            orientation = orientation if isinstance(orientation, int) and 1 <= orientation <= 8 else 1
-            if fmt == "JPEG" and spec.reduced_decode:
-                need_h, need_w = _needed(height, width, orientation, spec)
-                if dct_scale(height, width, need_h, need_w) > 1:
-                    im.draft("RGB", (need_w, need_h))  # the same 1/s: Pillow's rule is dct_scale's
-            pixels = np.asarray(im.convert("RGB"))
+        im = Image.open(io.BytesIO(data), formats=[fmt])
+        width, height = im.size
+        _check_pixels(height, width, spec)
+        orientation = im.getexif().get(_ORIENTATION_TAG, 1)
+        orientation = orientation if isinstance(orientation, int) and 1 <= orientation <= 8 else 1
+        if fmt == "JPEG" and spec.reduced_decode:
+            need_h, need_w = _needed(height, width, orientation, spec)
+            if dct_scale(height, width, need_h, need_w) > 1:
+                im.draft("RGB", (need_w, need_h))  # the same 1/s: Pillow's rule is dct_scale's
+        if im.mode == "RGB":
+            im.load()  # convert("RGB") would copy an RGB image
+        else:
+            im = im.convert("RGB")
     except BadImage:
         raise
     except Image.DecompressionBombError as exc:
@@ -316,22 +325,37 @@ def _decode_pillow(data: bytes, fmt: str, spec: ImageSpec) -> np.ndarray:
         raise BadImage("corrupt", f"a {fmt} signature, but no readable {fmt} header") from None
     except (OSError, SyntaxError, ValueError, EOFError, IndexError, TypeError, struct.error) as exc:
         raise BadImage("corrupt", f"{fmt} decoding failed ({type(exc).__name__}: {exc})") from None
+    if orientation != 1:
+        im = im.transpose(Image.Transpose[_TRANSPOSE[orientation]])
     shown = (width, height) if orientation >= 5 else (height, width)
-    return resize(orient(pixels, orientation), spec, *shown)
+    return _resize_image(im, spec, *shown)
 
 
 def resize(pixels: np.ndarray, spec: ImageSpec, height: int, width: int) -> np.ndarray:
     """``pixels`` (as displayed, perhaps decoded at 1/s) resized to :func:`output_size` of the image's
     displayed size ``height`` x ``width``: a reduced decode lands on the same size as a full one."""
-    from PIL import Image
-
     th, tw = output_size(height, width, spec)
     h, w = pixels.shape[:2]
-    box = crop_box(h, w, th, tw) if spec.mode == "crop" else (0.0, 0.0, float(w), float(h))
-    if (h, w) == (th, tw) and box == (0.0, 0.0, float(w), float(h)):
+    if _whole(h, w, th, tw, spec):
         return np.ascontiguousarray(pixels)
-    out = Image.fromarray(np.ascontiguousarray(pixels)).resize((tw, th), resample=_resample(spec.resample), box=box)
-    return np.asarray(out)
+    from PIL import Image
+
+    return _resize_image(Image.fromarray(np.ascontiguousarray(pixels)), spec, height, width)
+
+
+def _whole(h: int, w: int, th: int, tw: int, spec: ImageSpec) -> bool:
+    """Whether an ``h x w`` image already is its ``th x tw`` output (no resampling, no crop)."""
+    return (h, w) == (th, tw) and (spec.mode != "crop" or crop_box(h, w, th, tw) == (0.0, 0.0, float(w), float(h)))
+
+
+def _resize_image(im: Any, spec: ImageSpec, height: int, width: int) -> np.ndarray:
+    """A Pillow RGB image (as displayed) resized as :func:`resize` does, straight to uint8 ``[H, W, 3]``."""
+    th, tw = output_size(height, width, spec)
+    w, h = im.size
+    if _whole(h, w, th, tw, spec):
+        return np.asarray(im)
+    box = crop_box(h, w, th, tw) if spec.mode == "crop" else (0.0, 0.0, float(w), float(h))
+    return np.asarray(im.resize((tw, th), resample=_resample(spec.resample), box=box))
 
 
 # -- patches ----------------------------------------------------------------------------------------------
