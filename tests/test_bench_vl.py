@@ -46,6 +46,10 @@ def test_vl_benchmarks_run_on_a_tiny_corpus(tmp_path):
     assert all(res[n]["ok"] for n in ("plain_loop", "grain_0", "zephon_0_inline", "zephon_1_thread")), res
     run([str(BENCH / "vl_fetch_batch.py"), *small, "--mode", "decode", "--only",
          "plain_loop,zephon_0_inline,zephon_1_thread,zephon_packed_0_inline"])
-    run([str(BENCH / "vl_pipeline.py"), *small, "--only", "decoder_alone_main,grain_0,zephon_0_inline,zephon_1_thread"])
+    out = tmp_path / "pipeline.json"
+    run([str(BENCH / "vl_pipeline.py"), *small, "--only",
+         "decoder_alone_main,decoder_alone_keep_1,grain_0,zephon_0_inline,zephon_1_thread", "--json", str(out)])
+    res = json.loads(out.read_text())["results"]
+    assert all(res[n]["ok"] for n in ("decoder_alone_main", "decoder_alone_keep_1", "zephon_1_thread")), res
     run([str(BENCH / "vl_stages.py"), "--data", str(data), "--images", "40", "--passes", "1", "--batches", "1",
          "--warmup", "1"])
