@@ -53,3 +53,7 @@ def test_vl_benchmarks_run_on_a_tiny_corpus(tmp_path):
     assert all(res[n]["ok"] for n in ("decoder_alone_main", "decoder_alone_keep_1", "zephon_1_thread")), res
     run([str(BENCH / "vl_stages.py"), "--data", str(data), "--images", "40", "--passes", "1", "--batches", "1",
          "--warmup", "1"])
+    out = tmp_path / "decode_paths.json"
+    run([str(BENCH / "decode_paths.py"), "--data", str(data), "--images", "12", "--passes", "1",
+         "--compare-src", str(REPO), "--json", str(out)])
+    assert len(json.loads(out.read_text())["results"]) == 10  # peers, and both decoders of both checkouts, per target
