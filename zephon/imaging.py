@@ -13,6 +13,10 @@ The path of one image::
           --resize--> [H, W, 3]                           (one resampling step, filter pinned)
           --patchify--> [H/p * W/p, p*p*3]                (optional; 2x2 merge groups contiguous)
 
+simplejpeg's array takes these steps as arrays (copied into Pillow to be resized). Pillow's decoder orients
+and resizes its image without leaving Pillow, making one array at the end (each trip between Pillow and
+numpy is a copy), with the pixels the steps on arrays give (``tests/test_vision.py`` holds it to that).
+
 Untrusted input: only the five formats above ever reach a codec (Pillow is given the one format the
 bytes claim, so none of its other plugins, e.g. EPS, which runs Ghostscript, can be reached); the pixel
 count is checked from the header before anything is decoded (a decompression bomb costs a header
