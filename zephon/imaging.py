@@ -331,8 +331,9 @@ def _decode_pillow(data: bytes, fmt: str, spec: ImageSpec) -> np.ndarray:
         raise BadImage("corrupt", f"{fmt} decoding failed ({type(exc).__name__}: {exc})") from None
     if orientation != 1:
         im = im.transpose(Image.Transpose[_TRANSPOSE[orientation]])
-    shown = (width, height) if orientation >= 5 else (height, width)
-    return _resize_image(im, spec, *shown)
+    th, tw = output_size(*((width, height) if orientation >= 5 else (height, width)), spec)
+    w, h = im.size
+    return np.asarray(im) if _whole(h, w, th, tw, spec) else _resample_to(im, spec, th, tw)
 
 
 def resize(pixels: np.ndarray, spec: ImageSpec, height: int, width: int) -> np.ndarray:
@@ -344,7 +345,7 @@ def resize(pixels: np.ndarray, spec: ImageSpec, height: int, width: int) -> np.n
         return np.ascontiguousarray(pixels)
     from PIL import Image
 
-    return _resize_image(Image.fromarray(np.ascontiguousarray(pixels)), spec, height, width)
+    return _resample_to(Image.fromarray(np.ascontiguousarray(pixels)), spec, th, tw)
 
 
 def _whole(h: int, w: int, th: int, tw: int, spec: ImageSpec) -> bool:
@@ -352,12 +353,10 @@ def _whole(h: int, w: int, th: int, tw: int, spec: ImageSpec) -> bool:
     return (h, w) == (th, tw) and (spec.mode != "crop" or crop_box(h, w, th, tw) == (0.0, 0.0, float(w), float(h)))
 
 
-def _resize_image(im: Any, spec: ImageSpec, height: int, width: int) -> np.ndarray:
-    """A Pillow RGB image (as displayed) resized as :func:`resize` does, straight to uint8 ``[H, W, 3]``."""
-    th, tw = output_size(height, width, spec)
+def _resample_to(im: Any, spec: ImageSpec, th: int, tw: int) -> np.ndarray:
+    """A Pillow RGB image (as displayed) in one resampling step to ``th x tw`` (centre-cropped in "crop"
+    mode), straight to uint8 ``[th, tw, 3]``."""
     w, h = im.size
-    if _whole(h, w, th, tw, spec):
-        return np.asarray(im)
     box = crop_box(h, w, th, tw) if spec.mode == "crop" else (0.0, 0.0, float(w), float(h))
     return np.asarray(im.resize((tw, th), resample=_resample(spec.resample), box=box))
 
