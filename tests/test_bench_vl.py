@@ -48,9 +48,12 @@ def test_vl_benchmarks_run_on_a_tiny_corpus(tmp_path):
          "plain_loop,zephon_0_inline,zephon_1_thread,zephon_packed_0_inline"])
     out = tmp_path / "pipeline.json"
     run([str(BENCH / "vl_pipeline.py"), *small, "--only",
-         "decoder_alone_main,decoder_alone_keep_1,grain_0,zephon_0_inline,zephon_1_thread", "--json", str(out)])
+         "decoder_alone_main,decoder_alone_keep_1,grain_0,zephon_0_inline,zephon_1_thread,zephon_1_thread_fresh",
+         "--json", str(out)])
     res = json.loads(out.read_text())["results"]
-    assert all(res[n]["ok"] for n in ("decoder_alone_main", "decoder_alone_keep_1", "zephon_1_thread")), res
+    assert all(res[n]["ok"] for n in ("decoder_alone_main", "decoder_alone_keep_1", "zephon_1_thread",
+                                      "zephon_1_thread_fresh")), res
+    assert res["zephon_0_inline"]["trainer_cpu_ms_per_image"] > 0  # inline: the trainer's thread decodes
     run([str(BENCH / "vl_stages.py"), "--data", str(data), "--images", "40", "--passes", "1", "--batches", "1",
          "--warmup", "1"])
     out = tmp_path / "decode_paths.json"

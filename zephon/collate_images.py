@@ -53,12 +53,14 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
+from .batch_buffers import BatchBuffers
 from .ops.image_layout import IMAGE_GRID, IMAGE_SPANS, IMAGES
 from .records import Row
 
 PIXEL_MODES = ("flat", "fixed", "lists")
 IMAGE_KEYS = ("pixel_values", "image_grid_thw", "image_row", "image_token_start", "image_mask")  # any a mode gives
 POSITION_MODES = ("1d", "mrope")
+_UNPOOLED = BatchBuffers(keep=0)  # plain np.empty
 
 
 @dataclass(frozen=True)
@@ -115,26 +117,31 @@ def _merges(placed: _Placed) -> np.ndarray:
     return np.sqrt(per_token).round().astype(np.int64)
 
 
-def image_keys(rows: Sequence[Row], seq_len: int, spec: ImageBatch, position_ids: np.ndarray) -> dict[str, Any]:
-    """The image keys of a batch of ``rows`` (see the module docstring); with mrope, ``position_ids`` too."""
+def image_keys(rows: Sequence[Row], seq_len: int, spec: ImageBatch, position_ids: np.ndarray,
+               buffers: BatchBuffers | None = None) -> dict[str, Any]:
+    """The image keys of a batch of ``rows`` (see the module docstring); with mrope, ``position_ids`` too.
+    ``pixel_values`` is written into memory from ``buffers`` when given."""
     placed = _placed(rows)
     out: dict[str, Any] = {}
+    buffers = buffers or _UNPOOLED
     if spec.pixels == "flat":
-        out.update(_flat(placed, spec))
+        out.update(_flat(placed, spec, buffers))
     elif spec.pixels == "fixed":
-        out.update(_fixed(placed, spec, len(rows)))
+        out.update(_fixed(placed, spec, len(rows), buffers))
     if spec.positions == "mrope":
         out["position_ids"] = torch.from_numpy(mrope_positions(position_ids, placed))
     return out
 
 
-def _flat(placed: _Placed, spec: ImageBatch) -> dict[str, Any]:
+def _flat(placed: _Placed, spec: ImageBatch, buffers: BatchBuffers) -> dict[str, Any]:
     for k, a in enumerate(placed.arrays):
         if a.ndim != 2 or a.shape[1] != spec.patch_dim or a.dtype != np.uint8 or a.shape[0] != placed.grids[k].prod():
             raise ValueError(f"batch(pixels='flat'): an image is {a.dtype} {list(a.shape)}, not uint8 patches "
                              f"[{int(placed.grids[k].prod())}, {spec.patch_dim}] as its grid says: decode every image "
                              f"with decode_images(patchify=True) and one patch_size, or use pixels='fixed'")
-    pixels = np.concatenate(placed.arrays) if placed.arrays else np.zeros((0, spec.patch_dim), np.uint8)
+    pixels = buffers.empty((sum(a.shape[0] for a in placed.arrays), spec.patch_dim), np.uint8)
+    if placed.arrays:
+        np.concatenate(placed.arrays, out=pixels)
     return {"pixel_values": torch.from_numpy(pixels), "image_grid_thw": torch.from_numpy(placed.grids),
             "image_row": torch.from_numpy(placed.rows), "image_token_start": torch.from_numpy(placed.pad_start)}
 
@@ -150,12 +157,12 @@ def unpatchify(patches: np.ndarray, grid: Sequence[int], merge: int) -> np.ndarr
     return x.reshape(gh * p, gw * p, c)
 
 
-def _fixed(placed: _Placed, spec: ImageBatch, batch_rows: int) -> dict[str, Any]:
+def _fixed(placed: _Placed, spec: ImageBatch, batch_rows: int, buffers: BatchBuffers) -> dict[str, Any]:
     assert spec.size is not None
     h, w = spec.size
     m = spec.slots
     n = batch_rows * m
-    pixels = np.zeros((n, 3, h, w), dtype=np.uint8)
+    pixels = buffers.empty((n, 3, h, w), np.uint8)
     mask = np.zeros(n, dtype=bool)
     grids = np.zeros((n, 3), dtype=np.int64)
     starts = np.zeros(n, dtype=np.int64)
@@ -172,6 +179,7 @@ def _fixed(placed: _Placed, spec: ImageBatch, batch_rows: int) -> dict[str, Any]
                                  f"image must be {h} x {w} (decode_images(size=({h}, {w})))")
             pixels[slot[k]] = hwc.transpose(2, 0, 1)
         mask[slot], grids[slot], starts[slot] = True, placed.grids, placed.pad_start
+    pixels[~mask] = 0  # the empty slots: the memory may hold an earlier batch's pixels
     return {"pixel_values": torch.from_numpy(pixels), "image_mask": torch.from_numpy(mask),
             "image_grid_thw": torch.from_numpy(grids), "image_token_start": torch.from_numpy(starts)}
 

@@ -18,16 +18,19 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
+from .batch_buffers import BatchBuffers
 from .ops.record_rows import RecordRow
 
 VALID = "valid"  # the padding mask's key
+_UNPOOLED = BatchBuffers(keep=0)  # plain np.empty
 
 
 class CollateError(ValueError):
     """A record that cannot be batched as the pipeline asks (a stacked field missing or of another shape)."""
 
 
-def collate_records(rows: Sequence[RecordRow], stack: Sequence[str] = ()) -> dict[str, Any]:
+def collate_records(rows: Sequence[RecordRow], stack: Sequence[str] = (),
+                    buffers: BatchBuffers | None = None) -> dict[str, Any]:
     records = [row.record for row in rows]
     real = [rec for rec in records if rec is not None]
     keys = list(dict.fromkeys(k for rec in real for k in rec))
@@ -41,17 +44,18 @@ def collate_records(rows: Sequence[RecordRow], stack: Sequence[str] = ()) -> dic
     batch: dict[str, Any] = {}
     for key in keys:
         if key in stack:
-            batch[key] = torch.from_numpy(_stacked(key, records, real))
+            batch[key] = torch.from_numpy(_stacked(key, records, real, buffers or _UNPOOLED))
         else:
             batch[key] = [None if rec is None else rec.get(key) for rec in records]
     batch[VALID] = torch.tensor([rec is not None for rec in records], dtype=torch.bool)
     return batch
 
 
-def _stacked(key: str, records: list, real: list) -> np.ndarray:
+def _stacked(key: str, records: list, real: list, buffers: BatchBuffers) -> np.ndarray:
     """``np.stack`` of the records' values of ``key`` (zeros on padding rows), each value copied once,
     straight into the batch: a list of arrays (``images``) is not first made an array of its own. Every
-    other value goes through ``np.asarray`` (no copy for an array) and the checks below."""
+    other value goes through ``np.asarray`` (no copy for an array) and the checks below. The batch is
+    memory from ``buffers`` (:mod:`zephon.batch_buffers`)."""
     try:
         values = [rec[key] for rec in real]
     except KeyError:
@@ -64,8 +68,10 @@ def _stacked(key: str, records: list, real: list) -> np.ndarray:
                            f"(leave {key!r} out of stack to get a list)")
     shape, dtype = first.shape, first.dtype
     whole = len(real) == len(records)
-    out = (np.empty if whole else np.zeros)((len(records), *shape), dtype=dtype)  # padding rows: zeros
+    out = buffers.empty((len(records), *shape), dtype)
     rows = range(len(records)) if whole else [i for i, rec in enumerate(records) if rec is not None]
+    if not whole:
+        out[[i for i, rec in enumerate(records) if rec is None]] = 0  # padding rows
     for i, value in zip(rows, values):
         if type(value) in (list, tuple) and len(shape) and len(value) == shape[0] and all(
                 type(v) is np.ndarray and v.shape == shape[1:] and v.dtype == dtype for v in value):

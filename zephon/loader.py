@@ -12,6 +12,7 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 
 from torchdata.nodes import BaseNode
 
+from .batch_buffers import BatchBuffers
 from .collate import collate
 from .collate_records import collate_records
 from .compile import CompiledPipeline
@@ -86,7 +87,8 @@ class ZephonLoader:
                  runner: str | Executor = "thread", prefetch: int | None = None, max_steps: int | None = None,
                  program: CompiledPipeline | None = None, text_map: Callable | None = None,
                  text_filter: Callable | None = None, plan: Any = None, group: Any = None,
-                 address: str | None = None, ray_options: Mapping[str, Any] | None = None) -> None:
+                 address: str | None = None, ray_options: Mapping[str, Any] | None = None,
+                 reuse_batch_memory: bool = True) -> None:
         self.recipe = pipeline
         self.group = group  # the data-parallel process group (finite sources: the ranks agree on the end)
         self._ended = False  # what it was built from (a Recipe or a Pipeline): plugins read seq_len etc.
@@ -129,6 +131,8 @@ class ZephonLoader:
                 for k in range(len(kinds)):
                     self._executor_for(s, k)
         self.node: BaseNode[dict] = _RankNode(self)
+        # pixel (and other large) batch tensors: memory used again once the trainer holds no reference to it
+        self._buffers = BatchBuffers(keep=4 if reuse_batch_memory else 0)
         self.step = 0
         self._started = time.perf_counter()
         self._initialized = False
@@ -223,8 +227,9 @@ class ZephonLoader:
             if row.flushed:
                 d["flush_pad"] += row.free
         if self.program.records:
-            return collate_records(rows, self.program.stack)
-        return collate(rows, self.program.seq_len, self.pad_id, self.program.pad_values, self.program.images)
+            return collate_records(rows, self.program.stack, self._buffers)
+        return collate(rows, self.program.seq_len, self.pad_id, self.program.pad_values, self.program.images,
+                       self._buffers)
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         while True:
@@ -368,6 +373,9 @@ class ZephonLoader:
             "mixture_weights": self.mixture_weights(self.step),
             "mixture_recent_share": _shares(_recent(per_lane.values())),
             "lanes": {lane: {"sentinels": states[lane]["sentinels"], "units": c.units} for lane, c in per_lane.items()},
+            # large batch tensors written into an earlier batch's released memory, or into new memory (a
+            # trainer that keeps batches makes the pool allocate: zephon/batch_buffers.py)
+            "batch_memory": {"reused": self._buffers.reused, "allocated": self._buffers.allocated},
         }
 
     def mixture_weights(self, step: int) -> dict[str, float]:
@@ -382,6 +390,7 @@ class ZephonLoader:
     def close(self) -> None:
         """Stop worker threads/processes (also done at interpreter exit)."""
         self._host.close()
+        self._buffers.clear()
         if self._own_executors:
             for ex in self._executors.values():
                 ex.close()
@@ -468,7 +477,7 @@ def build_loader(pipeline: Pipeline | Recipe | str, rank: int | None = None, wor
                  max_steps: int | None = None, group: Any = None, text_map: Callable | None = None,
                  text_filter: Callable | None = None, plan: Any = None,
                  program: CompiledPipeline | None = None, address: str | None = None,
-                 ray_options: Mapping[str, Any] | None = None) -> ZephonLoader:
+                 ray_options: Mapping[str, Any] | None = None, reuse_batch_memory: bool = True) -> ZephonLoader:
     """Build the loader of data-parallel ``rank`` of ``world_size`` for a pipeline (or a recipe or its path).
 
     ``rank``/``world_size`` default to the data-parallel process group (``group``, or the default
@@ -482,7 +491,10 @@ def build_loader(pipeline: Pipeline | Recipe | str, rank: int | None = None, wor
     batches, only the speed. A transform may pick its own
     executor kind (``executor=`` of the operator). ``prefetch``: items in flight per (lane, source, stage)
     (thread, pool) or steps ahead (process). ``text_map``/``text_filter``: per-document text hooks of a
-    recipe (module-level functions for the pool and process runners).
+    recipe (module-level functions for the pool and process runners). ``reuse_batch_memory``: a batch's
+    large tensors (pixels) are written into the memory of an earlier batch that nothing refers to any
+    more (:mod:`zephon.batch_buffers`); ``False`` allocates every batch afresh, for code that keeps a
+    batch's memory without a Python reference to it (a raw ``data_ptr()`` read later).
     """
     if rank is None or world_size is None:
         import torch.distributed as dist
@@ -493,4 +505,5 @@ def build_loader(pipeline: Pipeline | Recipe | str, rank: int | None = None, wor
             rank = 0 if rank is None else rank
             world_size = 1 if world_size is None else world_size
     return ZephonLoader(pipeline, rank, world_size, num_workers, runner, prefetch, max_steps, program,
-                        text_map, text_filter, plan, group, address=address, ray_options=ray_options)
+                        text_map, text_filter, plan, group, address=address, ray_options=ray_options,
+                        reuse_batch_memory=reuse_batch_memory)

@@ -22,9 +22,12 @@ into rows of 4096 tokens with their patches (at most 16,384 patches a row: four 
   zephon_W_RUNNER      Zephon: webdataset(tar shards) -> decode_images(max_pixels=448*448, patch_size=14,
                        merge=2) -> tokenize_images(bpe) -> pack(4096, best_fit, max_patches_per_row=16384)
                        -> batch(rows_per_lane=1), 8 lanes; pixel_values flat uint8 [total_patches, 588]
+  zephon_W_*_fresh     the same with build(reuse_batch_memory=False): every batch's pixel tensor in fresh
+                       memory (information only: what reusing batch memory is worth; no target)
 
 Reported: usable (non-padding) tokens/s, images/s, padding share, each over all timed windows together
-(what they delivered over the seconds they took; ``images_per_s_windows`` keeps each window's rate). A
+(what they delivered over the seconds they took; ``images_per_s_windows`` keeps each window's rate), and
+the CPU time per image of the trainer's thread (the one that calls next(): lanes, packing, collation). A
 packing pipeline delivers in bursts: a lane decodes a task of 16 images, then hands out rows it packed for
 several batches, so windows of 8 batches ranged over 2x (300-615 images/s) and their median overstated
 Zephon inline by a quarter against its long-run rate (BENCHMARKS.md 8b). The targets as ratios inside each round:
@@ -51,6 +54,7 @@ import itertools
 import json
 import statistics
 import sys
+import time
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -185,7 +189,8 @@ def build(kind: str, data: Path, workers: int, params: dict):
         it = iter(it_ds)
         return it, (lambda: getattr(it, "close", lambda: None)())
     if kind == "zephon":
-        loader = zephon_pipeline(data).build(rank=0, world_size=1, num_workers=workers, runner=params["runner"])
+        loader = zephon_pipeline(data).build(rank=0, world_size=1, num_workers=workers, runner=params["runner"],
+                                             reuse_batch_memory=params.get("reuse_batch_memory", True))
         return iter(loader), loader.close
     raise ValueError(kind)
 
@@ -205,10 +210,14 @@ def configs() -> list[dict[str, Any]]:
                   "params": {}})
     c.append({"name": "zephon_0_inline", "kind": "zephon", "workers": 0, "runner": "inline",
               "params": {"algorithm": "best_fit", "runner": "thread"}})
+    c.append({"name": "zephon_0_inline_fresh", "kind": "zephon", "workers": 0, "runner": "inline",
+              "params": {"algorithm": "best_fit", "runner": "thread", "reuse_batch_memory": False}})
     for w in (1, 2):
         for r in ("thread", "pool", "process"):
             c.append({"name": f"zephon_{w}_{r}", "kind": "zephon", "workers": w, "runner": r,
                       "params": {"algorithm": "best_fit", "runner": r}})
+        c.append({"name": f"zephon_{w}_thread_fresh", "kind": "zephon", "workers": w, "runner": "thread",
+                  "params": {"algorithm": "best_fit", "runner": "thread", "reuse_batch_memory": False}})
     return c
 
 
@@ -229,6 +238,7 @@ def run_config(task: dict[str, Any]) -> dict[str, Any]:
     imgs: list[int] = []
     toks: list[int] = []
     shapes: dict[str, Any] = {}
+    cpu: list[float] = []
     if cfg["kind"] == "zephon":
         import zephon
 
@@ -245,6 +255,7 @@ def run_config(task: dict[str, Any]) -> dict[str, Any]:
         n, t = counts(cfg["kind"], b)
         imgs.append(n)
         toks.append(t)
+        cpu.append(time.thread_time())  # the trainer's thread: it calls next() and collates
 
     res = measure_stream(make, task["steps"] * (4 if cfg["kind"] == "decoder_alone" else 1),
                          task["warmup"], task["repeats"], 1, check=check, on_batch=on_batch,
@@ -255,9 +266,12 @@ def run_config(task: dict[str, Any]) -> dict[str, Any]:
     ips = [sum(imgs[w0 + k * s:w0 + (k + 1) * s]) / w["seconds"] for k, w in enumerate(res["runs"])]
     timed = slice(w0, w0 + s * len(res["runs"]))
     seconds = sum(w["seconds"] for w in res["runs"])  # all windows together: see the module docstring
+    # from the last untimed batch (not hashed: the second half of the warm-up) to the last timed one
+    trainer_cpu = 1e3 * (cpu[timed.stop - 1] - cpu[w0 - 1]) / max(1, sum(imgs[timed]))
     res.update(images_per_s=sum(imgs[timed]) / seconds, images_per_s_windows=ips,
                usable_tokens_per_s=sum(toks[timed]) / seconds,
                usable_fraction=sum(toks) / max(1, len(toks) * ROWS * SEQ), images_per_batch=sum(imgs) / len(imgs),
+               trainer_cpu_ms_per_image=trainer_cpu,
                load_before=load_before, load_after=vc.load_now(), shapes=shapes)
     for k in ("runs", "pipelines"):
         res.pop(k, None)
@@ -310,6 +324,13 @@ def round_targets(per_cfg: dict[str, list[dict]], rounds: int) -> list[str]:
     ceiling = {0: "decoder_alone_main", 1: "decoder_alone_1", 2: "decoder_alone_2"}
     for w in (0, 1, 2):
         for name in [n for n in per_cfg if n.startswith("zephon_") and per_cfg[n][0]["_workers"] == w]:
+            if name.endswith("_fresh"):
+                pooled = name.removesuffix("_fresh")
+                ratios = [val(pooled, r) / val(name, r) for r in range(rounds) if val(name, r) and val(pooled, r)]
+                if ratios:
+                    lines.append(f"{pooled} / {name} (images_per_s) = {statistics.median(ratios):.2f} "
+                                 f"({min(ratios):.2f}-{max(ratios):.2f}; information: batch memory reused or not)")
+                continue
             for ref, bound, metric in ((ceiling[w], 0.9, "images_per_s"), (f"grain_{w}", 1.0, "usable_tokens_per_s")):
                 ratios = [val(name, r, metric) / val(ref, r, metric) for r in range(rounds)
                           if val(name, r, metric) and val(ref, r, metric)]
@@ -391,6 +412,7 @@ def main(argv: list[str] | None = None) -> int:
             per_cfg[c["name"]].append(r)
             if r.get("ok"):
                 print(f"{r['images_per_s']:8.1f} images/s {r['usable_tokens_per_s'] / 1e3:8.1f} k usable tok/s "
+                      f"trainer's thread {r['trainer_cpu_ms_per_image']:.3f} ms CPU/image "
                       f"(load {r['load_before']} -> {r['load_after']})", flush=True)
             else:
                 print(f"FAILED: {r.get('error')}", flush=True)
@@ -398,16 +420,17 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for n, r in results.items():
         if not r.get("ok"):
-            rows.append([n, r["workers"], r["runner"], "FAILED", "", "", "", "", "", (r.get("error") or "")[:160]])
+            rows.append([n, r["workers"], r["runner"], "FAILED", "", "", "", "", "", "", (r.get("error") or "")[:160]])
             continue
         sp = r.get("round_images_per_s") or [r["images_per_s"]]
         tok = "-" if r["kind"] == "decoder_alone" else f"{r['usable_tokens_per_s'] / 1e3:,.1f}"
         pad = "-" if r["kind"] == "decoder_alone" else f"{100 * (1 - r['usable_fraction']):.1f}"
         rows.append([n, r["workers"], r["runner"], f"{r['images_per_s']:,.0f}", f"{min(sp):.0f}-{max(sp):.0f}", tok, pad,
+                     f"{statistics.median(x['trainer_cpu_ms_per_image'] for x in per_cfg[n] if x.get('ok')):.3f}",
                      f"{r['first_batch_s']:.1f}", f"{r['peak_rss_mb']:,.0f}", ""])
     print()
-    print(fmt_table(["config", "workers", "runner", "images/s", "rounds", "k usable tok/s", "pad %", "1st batch s",
-                     "peak RSS MB", "error"], rows, align="lrlrlrrrrl"))
+    print(fmt_table(["config", "workers", "runner", "images/s", "rounds", "k usable tok/s", "pad %",
+                     "trainer ms CPU/img", "1st batch s", "peak RSS MB", "error"], rows, align="lrlrlrrrrrl"))
     check_lines, mismatch, zephon_failed = zephon_hash_check(results)
     print()
     print("\n".join(check_lines))

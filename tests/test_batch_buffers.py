@@ -1,0 +1,171 @@
+"""Batch memory reused once released (zephon.batch_buffers): never while anything can still see it.
+
+The pool decides from a reference count that nobody holds a buffer. These tests hold batch memory every
+way a trainer can (numpy views, tensors and their views, ``Tensor.numpy()``, memoryviews, lists of
+batches) and check that it is never handed out again while held; and, through whole vision-language
+loaders with every buffer pooled, that batches are byte for byte the golden ones whether the trainer
+drops each batch (memory reused) or keeps them all (reuse impossible).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import zephon as z
+from zephon.batch_buffers import BatchBuffers
+from zephon.collate_records import collate_records
+from zephon.ops.record_rows import RecordRow
+
+from .test_golden_vl import STEPS, golden, pipelines, vl_inputs  # noqa: F401  (fixtures)
+
+HOLDERS = {
+    "tensor": torch.from_numpy,
+    "tensor view": lambda a: torch.from_numpy(a)[1:],
+    "Tensor.numpy()": lambda a: torch.from_numpy(a).numpy(),
+    "numpy view": lambda a: a.reshape(-1)[2:],
+    "memoryview": memoryview,
+    "list of batches": lambda a: [{"pixel_values": torch.from_numpy(a)}],
+}
+
+
+@pytest.mark.parametrize("holder", list(HOLDERS))
+def test_held_memory_is_never_handed_out_again(holder):
+    pool = BatchBuffers(keep=4, min_bytes=0)
+    a = pool.empty((64, 12), np.uint8)
+    a.fill(7)
+    held = HOLDERS[holder](a)
+    del a
+    for _ in range(6):  # more requests than the pool keeps buffers
+        b = pool.empty((64, 12), np.uint8)
+        b.fill(9)
+    view = np.asarray(held[0]["pixel_values"] if isinstance(held, list) else held)
+    assert (view == 7).all(), f"memory held through a {holder} was written over"
+
+
+def test_released_memory_is_reused():
+    pool = BatchBuffers(keep=2, min_bytes=0)
+    t = torch.from_numpy(pool.empty((100, 10), np.uint8))
+    address = t.data_ptr()
+    del t
+    again = pool.empty((50, 20), np.float32)  # another shape and dtype, more bytes: capacities have slack
+    assert again.ctypes.data == address and pool.reused == 1 and pool.allocated == 1
+    held = again
+    other = pool.empty((10, 10), np.uint8)  # the first buffer is held (as ``held``): a second one
+    assert other.ctypes.data != address and pool.allocated == 2 and held.base is not None
+
+
+def test_the_pool_keeps_at_most_keep_buffers_and_replaces_too_small_ones():
+    pool = BatchBuffers(keep=2, min_bytes=0)
+    held = [pool.empty((3 << 20,), np.uint8) for _ in range(3)]  # the third is not kept
+    assert len(pool._buffers) == 2 and pool.allocated == 3
+    assert not any(np.shares_memory(held[i], held[j]) for i in range(3) for j in range(i))
+    del held
+    big = pool.empty((16 << 20,), np.uint8)  # both free buffers are too small: one makes room
+    assert len(pool._buffers) == 2 and any(np.shares_memory(big, b) for b in pool._buffers)
+    assert pool.empty((1 << 20,), np.uint8).base is not None and pool.reused == 1
+
+
+def test_small_requests_and_keep_zero_are_plain_allocations():
+    assert BatchBuffers(min_bytes=1 << 20).empty((10,), np.uint8).base is None
+    assert BatchBuffers(keep=0, min_bytes=0).empty((10 << 20,), np.uint8).base is None
+    with pytest.raises(ValueError, match="keep"):
+        BatchBuffers(keep=-1)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.one_of(st.tuples(st.just("take"), st.integers(1, 5000)), st.tuples(st.just("drop"),
+                                                                                    st.integers(0, 10))),
+                max_size=40),
+       st.integers(0, 4))
+def test_no_held_array_changes_or_overlaps_another_property(ops, keep):
+    """Any interleaving of requests and releases: every array still held keeps its bytes, and no two
+    held arrays share memory."""
+    pool = BatchBuffers(keep=keep, min_bytes=0)
+    held: list[tuple[object, int]] = []
+    for n, (op, arg) in enumerate(ops):
+        if op == "take":
+            a = pool.empty((arg,), np.uint8)
+            a.fill(n % 251)
+            held.append((torch.from_numpy(a) if n % 2 else a, n % 251))
+            del a
+        elif held:
+            held.pop(arg % len(held))
+        for k, (x, mark) in enumerate(held):
+            arr = np.asarray(x)
+            assert (arr == mark).all()
+            assert not any(np.shares_memory(arr, np.asarray(y)) for y, _ in held[:k])
+
+
+def test_padding_rows_and_empty_slots_are_zeros_in_reused_memory():
+    pool = BatchBuffers(keep=1, min_bytes=0)
+    full = [RecordRow({"images": np.full((4, 4, 3), 200, np.uint8)}) for _ in range(3)]
+    collate_records(full, ["images"], pool)  # dropped at once: its memory is free again, holding 200s
+    batch = collate_records([full[0], RecordRow(None), full[1]], ["images"], pool)
+    assert pool.reused == 1
+    assert (batch["images"][1] == 0).all() and (batch["images"][0] == 200).all()
+    assert batch["valid"].tolist() == [True, False, True]
+
+
+@pytest.mark.parametrize("name", ["wds_fit_flat_pillow", "hf_crop_fixed_simplejpeg", "interleaved_mixed_pillow",
+                                  "wds_decode_and_batch_pillow"])
+def test_loaders_with_pooled_batches_give_the_golden_batches(golden, vl_inputs, name):  # noqa: F811
+    """Every batch tensor pooled (min_bytes=0): a trainer that drops each batch gets reused memory, one
+    that keeps every batch gets none; both see the golden bytes, and the kept batches are unchanged at
+    the end (nothing written over them)."""
+    data, tok_path = vl_inputs
+    pipe = pipelines(data, z.tokenizer(str(tok_path)))[name]
+    seen: dict[str, list[str]] = {}
+    for keep_batches in (False, True):
+        loader = pipe.build(rank=0, world_size=1, num_workers=2, runner="thread")
+        loader._buffers = BatchBuffers(min_bytes=0)
+        kept, digests = [], []
+        try:
+            for _, batch in zip(range(STEPS), loader):
+                digests.append(z.batch_digest(batch))
+                if keep_batches:
+                    kept.append(batch)
+                del batch
+            pool = loader._buffers
+            assert loader.metrics()["batch_memory"] == {"reused": pool.reused, "allocated": pool.allocated}
+        finally:
+            loader.close()
+        assert digests == golden["hashes"][name], f"{name}: pooled batches differ from the golden ones"
+        if keep_batches:
+            assert pool.reused == 0
+            assert [z.batch_digest(b) for b in kept] == digests, f"{name}: a kept batch was written over"
+        else:
+            assert pool.reused > 0, f"{name}: the pool never reused a buffer, so reuse was not tested"
+        seen[str(keep_batches)] = digests
+    assert seen["False"] == seen["True"]
+
+
+def test_empty_image_slots_are_zeros_in_reused_memory(vl_inputs):  # noqa: F811
+    """pixels="fixed" with more slots than rows fill: the empty slots of reused memory are zeros, as in
+    fresh memory (the golden pipelines fill every slot)."""
+    data, tok_path = vl_inputs
+    pipe = (z.Pipeline(seed=12, lanes=4)
+            .source("hf", z.read.parquet(str(data["hf"]), columns=["image", "caption"], chunk_rows=4))
+            .decode_images("image", size=56, merge=2, jpeg_decoder="simplejpeg")
+            .tokenize_images(z.tokenizer(str(tok_path)), "caption", image_start="<|vision_start|>",
+                             image_pad="<|image_pad|>", image_end="<|vision_end|>")
+            .pack(seq_len=96, algorithm="first_fit", max_images_per_row=6)
+            .batch(rows_per_lane=1, pixels="fixed"))
+    runs = []
+    for pooled in (True, False):
+        loader = pipe.build(rank=0, world_size=1, num_workers=0)
+        loader._buffers = BatchBuffers(min_bytes=0 if pooled else 1 << 62)
+        empty_slots, digests = 0, []
+        with loader:
+            for _, batch in zip(range(STEPS), loader):
+                empty_slots += int((~batch["image_mask"]).sum())
+                assert (batch["pixel_values"][~batch["image_mask"]] == 0).all()
+                digests.append(z.batch_digest(batch))
+                del batch
+            runs.append((digests, loader._buffers.reused))
+    assert empty_slots > 0, "no row left a slot empty: the test does not test empty slots"
+    assert runs[0][1] > 0 and runs[1][1] == 0
+    assert runs[0][0] == runs[1][0]
