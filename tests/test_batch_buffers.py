@@ -3,8 +3,9 @@
 The pool decides from a reference count that nobody holds a buffer. These tests hold batch memory every
 way a trainer can (numpy views, tensors and their views, ``Tensor.numpy()``, memoryviews, lists of
 batches) and check that it is never handed out again while held; and, through whole vision-language
-loaders with every buffer pooled, that batches are byte for byte the golden ones whether the trainer
-drops each batch (memory reused) or keeps them all (reuse impossible).
+loaders whose pixel and stacked tensors are all pooled and poisoned (every array handed out starts as
+0xA5 bytes), that batches are byte for byte the golden ones whether the trainer drops each batch (memory
+reused) or keeps them all (reuse impossible).
 """
 
 from __future__ import annotations
@@ -22,6 +23,21 @@ from zephon.ops.record_rows import RecordRow
 
 from .test_golden_vl import STEPS, golden, pipelines, vl_inputs  # noqa: F401  (fixtures)
 
+class PoisonedBuffers(BatchBuffers):
+    """Every array it hands out starts as 0xA5 bytes, fresh or reused: a byte that collation forgets to
+    write changes the batch's hash, whatever earlier batches left there."""
+
+    def empty(self, shape, dtype):
+        out = super().empty(shape, dtype)
+        out.view(np.uint8).fill(0xA5)
+        return out
+
+
+def _autograd_saved(a):
+    x = torch.from_numpy(a).requires_grad_()
+    return (x * x).sum()  # the graph saves x; nothing else refers to it
+
+
 HOLDERS = {
     "tensor": torch.from_numpy,
     "tensor view": lambda a: torch.from_numpy(a)[1:],
@@ -29,7 +45,20 @@ HOLDERS = {
     "numpy view": lambda a: a.reshape(-1)[2:],
     "memoryview": memoryview,
     "list of batches": lambda a: [{"pixel_values": torch.from_numpy(a)}],
+    "untyped_storage()": lambda a: torch.from_numpy(a).untyped_storage(),
+    "DLPack capsule": lambda a: torch.utils.dlpack.to_dlpack(torch.from_numpy(a)),
+    "np.from_dlpack": lambda a: np.from_dlpack(torch.from_numpy(a)),
 }
+
+
+def _contents(held) -> np.ndarray:
+    if isinstance(held, list):
+        return np.asarray(held[0]["pixel_values"])
+    if isinstance(held, torch.UntypedStorage):
+        return np.frombuffer(bytes(held), np.uint8)
+    if type(held).__name__ == "PyCapsule":
+        return torch.utils.dlpack.from_dlpack(held).numpy()
+    return np.asarray(held)
 
 
 @pytest.mark.parametrize("holder", list(HOLDERS))
@@ -42,8 +71,42 @@ def test_held_memory_is_never_handed_out_again(holder):
     for _ in range(6):  # more requests than the pool keeps buffers
         b = pool.empty((64, 12), np.uint8)
         b.fill(9)
-    view = np.asarray(held[0]["pixel_values"] if isinstance(held, list) else held)
-    assert (view == 7).all(), f"memory held through a {holder} was written over"
+    assert (_contents(held) == 7).all(), f"memory held through a {holder} was written over"
+
+
+def test_memory_held_by_an_autograd_graph_is_never_handed_out_again():
+    pool = BatchBuffers(keep=4, min_bytes=0)
+    a = pool.empty((64,), np.float32)
+    a.fill(3.0)
+    loss = _autograd_saved(a)
+    del a
+    for _ in range(6):
+        pool.empty((64,), np.float32).fill(-1.0)
+    saved = loss.grad_fn.next_functions[0][0]._saved_self  # MulBackward0's saved x
+    assert (saved == 3.0).all(), "memory saved by autograd was written over"
+
+
+def test_memory_moved_to_shared_memory_is_free_again():
+    """share_memory_() (torch.multiprocessing, DataLoader workers) moves the bytes out: the buffer is free."""
+    pool = BatchBuffers(keep=1, min_bytes=0)
+    a = pool.empty((64, 12), np.uint8)
+    a.fill(7)
+    t = torch.from_numpy(a).share_memory_()
+    del a
+    b = pool.empty((64, 12), np.uint8)
+    b.fill(9)
+    assert pool.reused == 1 and (t == 7).all()
+
+
+def test_the_default_pool_reuses_batches_of_4_mib_and_more():
+    pool = BatchBuffers()
+    assert pool.keep == 4, "this interpreter's reference counts do not see a second reference: reuse is off"
+    small = pool.empty((1 << 20,), np.uint8)
+    assert small.base is None  # under min_bytes: a plain allocation
+    big = torch.from_numpy(pool.empty((8 << 20,), np.uint8))
+    address = big.data_ptr()
+    del big
+    assert pool.empty((5 << 20,), np.uint8).ctypes.data == address and pool.reused == 1
 
 
 def test_released_memory_is_reused():
@@ -113,15 +176,16 @@ def test_padding_rows_and_empty_slots_are_zeros_in_reused_memory():
 @pytest.mark.parametrize("name", ["wds_fit_flat_pillow", "hf_crop_fixed_simplejpeg", "interleaved_mixed_pillow",
                                   "wds_decode_and_batch_pillow"])
 def test_loaders_with_pooled_batches_give_the_golden_batches(golden, vl_inputs, name):  # noqa: F811
-    """Every batch tensor pooled (min_bytes=0): a trainer that drops each batch gets reused memory, one
-    that keeps every batch gets none; both see the golden bytes, and the kept batches are unchanged at
-    the end (nothing written over them)."""
+    """Pixel and stacked tensors pooled whatever their size (min_bytes=0) and poisoned: a trainer that drops
+    each batch gets reused memory, one that keeps every batch gets none; both see the golden bytes (so
+    collation writes every byte), and the kept batches are unchanged at the end (nothing written over them).
+    (``zip`` holds the previous batch during ``next()``, as a trainer's ``enumerate`` does: one buffer more.)"""
     data, tok_path = vl_inputs
     pipe = pipelines(data, z.tokenizer(str(tok_path)))[name]
     seen: dict[str, list[str]] = {}
     for keep_batches in (False, True):
         loader = pipe.build(rank=0, world_size=1, num_workers=2, runner="thread")
-        loader._buffers = BatchBuffers(min_bytes=0)
+        loader._buffers = PoisonedBuffers(min_bytes=0)
         kept, digests = [], []
         try:
             for _, batch in zip(range(STEPS), loader):
@@ -144,8 +208,8 @@ def test_loaders_with_pooled_batches_give_the_golden_batches(golden, vl_inputs, 
 
 
 def test_empty_image_slots_are_zeros_in_reused_memory(vl_inputs):  # noqa: F811
-    """pixels="fixed" with more slots than rows fill: the empty slots of reused memory are zeros, as in
-    fresh memory (the golden pipelines fill every slot)."""
+    """pixels="fixed" with more slots than rows fill: the empty slots of pooled (poisoned) memory are zeros,
+    as in fresh memory (the golden pipelines fill every slot)."""
     data, tok_path = vl_inputs
     pipe = (z.Pipeline(seed=12, lanes=4)
             .source("hf", z.read.parquet(str(data["hf"]), columns=["image", "caption"], chunk_rows=4))
@@ -157,7 +221,7 @@ def test_empty_image_slots_are_zeros_in_reused_memory(vl_inputs):  # noqa: F811
     runs = []
     for pooled in (True, False):
         loader = pipe.build(rank=0, world_size=1, num_workers=0)
-        loader._buffers = BatchBuffers(min_bytes=0 if pooled else 1 << 62)
+        loader._buffers = PoisonedBuffers(min_bytes=0) if pooled else BatchBuffers(keep=0)
         empty_slots, digests = 0, []
         with loader:
             for _, batch in zip(range(STEPS), loader):
@@ -169,3 +233,12 @@ def test_empty_image_slots_are_zeros_in_reused_memory(vl_inputs):  # noqa: F811
     assert empty_slots > 0, "no row left a slot empty: the test does not test empty slots"
     assert runs[0][1] > 0 and runs[1][1] == 0
     assert runs[0][0] == runs[1][0]
+
+
+def test_the_module_docstring_example_runs_as_written():
+    import doctest
+
+    import zephon.batch_buffers as module
+
+    result = doctest.testmod(module)
+    assert result.attempted >= 8 and result.failed == 0

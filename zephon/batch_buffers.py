@@ -61,7 +61,12 @@ class BatchBuffers:
     def __init__(self, keep: int = 4, min_bytes: int = 4 << 20) -> None:
         if keep < 0 or min_bytes < 0:
             raise ValueError(f"BatchBuffers(keep={keep}, min_bytes={min_bytes}): both must be >= 0")
-        self.keep = keep
+        # the count must see a reference taken elsewhere; on an interpreter whose counts do not (deferred
+        # reference counting), nothing is reused rather than anything overwritten
+        probe = [np.empty(0, np.uint8)]
+        other = probe[0]
+        self.keep = keep if _references(probe, 0) == _UNSHARED + 1 else 0
+        del other
         self.min_bytes = min_bytes
         self._buffers: list[np.ndarray] = []  # 1-D uint8, each referred to only by this list when free
         self.reused = 0  # requests served from a free buffer (metrics, tests)
@@ -87,12 +92,6 @@ class BatchBuffers:
             buf = self._buffers[free]
             self.reused += 1
         return buf[:nbytes].view(dtype).reshape(shape)
-
-    def zeros(self, shape: tuple[int, ...], dtype: Any) -> np.ndarray:
-        """:meth:`empty`, zero-filled."""
-        out = self.empty(shape, dtype)
-        out.fill(0)
-        return out
 
     def _free_index(self, nbytes: int) -> int | None:
         """The smallest free buffer of at least ``nbytes`` (``0``: the smallest free buffer), or ``None``."""

@@ -26,6 +26,8 @@ batches of 256 samples, nothing decoded. ``--mode decode``: the same, with every
   zephon_rowsN_W_R      the zephon_W_R pipeline with larger read tasks: fetch, 256 samples per task
                         (chunk_rows=256, ~6 MB) instead of the default 64; decode, 64 instead of 16: fewer
                         per-task reads, opens and hand-overs, more memory in flight
+  zephon_W_R_fresh      decode: zephon_W_R with build(reuse_batch_memory=False), every batch's pixels in
+                        fresh memory (information only, left out of the targets)
   zephon_packed_W_R     more work than the peers do (left out of the targets): fetch: each caption tokenized
                         (a 4096-word WordLevel model) and packed best-fit into rows of 128 tokens with its
                         image bytes as the document's payload (~2.6 samples per row); decode: the captions
@@ -266,7 +268,9 @@ def build(kind: str, data: Path, mode: str, workers: int, params: dict, holder: 
                         collate_fn=collate_decode_in_worker if decode else collate_fetch)
         return epochs(lambda: iter(dl)), lambda: None
     if kind == "zephon":
-        loader = zephon_pipeline(data, mode, params.get("packed", False), params.get("chunk_rows")).build(rank=0, world_size=1, num_workers=workers, runner=params["runner"])
+        loader = zephon_pipeline(data, mode, params.get("packed", False), params.get("chunk_rows")).build(
+            rank=0, world_size=1, num_workers=workers, runner=params["runner"],
+            reuse_batch_memory=params.get("reuse_batch_memory", True))
         holder["loader"] = loader
         return iter(loader), loader.close
     raise ValueError(kind)
@@ -300,6 +304,10 @@ def configs(mode: str = "fetch") -> list[dict[str, Any]]:
     for w, r in ((0, "inline"), (1, "thread"), (2, "thread")):
         c.append({"name": f"zephon_packed_{w}_{r}", "kind": "zephon", "workers": w, "runner": r,
                   "params": {"algorithm": "best_fit", "runner": "thread" if w == 0 else r, "packed": True}})
+    if mode == "decode":  # information only (not in the targets): every batch's pixels in fresh memory
+        for w, r in ((0, "inline"), (2, "thread")):
+            c.append({"name": f"zephon_{w}_{r}_fresh", "kind": "zephon", "workers": w, "runner": r,
+                      "params": {"algorithm": algo, "runner": "thread", "reuse_batch_memory": False}})
     return c
 
 
@@ -402,7 +410,7 @@ def round_ratios(per_cfg: dict[str, list[dict]], rounds: int, mode: str = "fetch
 
     def best(prefix: str, w: int, r: int) -> float | None:
         vals = [val(n, r) for n in per_cfg if n.startswith(prefix) and per_cfg[n][0]["_workers"] == w
-                and not n.startswith("zephon_packed_")]  # the targets compare the same work
+                and not n.startswith("zephon_packed_") and not n.endswith("_fresh")]  # the same work, defaults
         vals = [v for v in vals if v]
         return max(vals) if vals else None
 
@@ -427,6 +435,12 @@ def round_ratios(per_cfg: dict[str, list[dict]], rounds: int, mode: str = "fetch
     pairs = [(f"{pre}0_inline", f"{pre}1_{runner}", f"{pre}2_{runner}") for pre, runners in
              (("zephon_", ("thread", "pool", "process")), (f"zephon_rows{BIG_TASK[mode]}_", ("thread", "pool")))
              for runner in runners]
+    for fresh in [n for n in per_cfg if n.endswith("_fresh")]:
+        reused = fresh.removesuffix("_fresh")
+        ratios = [val(reused, r) / val(fresh, r) for r in range(rounds) if val(reused, r) and val(fresh, r)]
+        if ratios:
+            lines.append(f"{reused} / {fresh} = {statistics.median(ratios):.2f} ({min(ratios):.2f}-{max(ratios):.2f}; "
+                         f"information: batch memory reused or not)")
     for zero, one, two in pairs:
         for a, b in ((zero, one), (one, two)):
             ratios = [val(b, r) / val(a, r) for r in range(rounds) if val(a, r) and val(b, r)]
