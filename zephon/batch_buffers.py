@@ -107,4 +107,6 @@ class BatchBuffers:
         self._buffers.clear()
 
 
-__all__ = ["BatchBuffers"]
+UNPOOLED = BatchBuffers(keep=0)  # plain np.empty: collation called outside a loader
+
+__all__ = ["BatchBuffers", "UNPOOLED"]

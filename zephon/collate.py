@@ -16,7 +16,7 @@ from typing import Mapping, Sequence
 import numpy as np
 import torch
 
-from .batch_buffers import BatchBuffers
+from .batch_buffers import UNPOOLED, BatchBuffers
 from .collate_images import ImageBatch, image_keys
 from .ops.image_layout import PER_IMAGE
 from .records import IGNORE, INPUT_IDS, LOSS_MASK, Row
@@ -28,7 +28,7 @@ ROW_INDEX_KEYS = ("image_row",)  # rank-relative row numbers: hashed as rows of 
 
 def collate(rows: Sequence[Row], seq_len: int, pad_id: int,
             pad_values: Mapping[str, object] | None = None, images: "ImageBatch | None" = None,
-            buffers: "BatchBuffers | None" = None) -> dict[str, object]:
+            buffers: BatchBuffers = UNPOOLED) -> dict[str, object]:
     """Build the batch dict for ``rows`` (in lane order), vectorised over the whole batch.
 
     A row's tokens sit at its start (``tokens[:fill]``), so every key is built from the stacked row
@@ -40,7 +40,7 @@ def collate(rows: Sequence[Row], seq_len: int, pad_id: int,
     turns) also sets ``labels`` to -100 where it is 0. Per-document payloads become, per field, a list
     (rows) of lists (the row's documents, in order). ``images`` (a pipeline with images, or mrope
     positions): the images' payloads become tensors (:mod:`zephon.collate_images`), their pixels written
-    into ``buffers`` when given (:mod:`zephon.batch_buffers`; a loader passes its own).
+    into ``buffers`` (:mod:`zephon.batch_buffers`; a loader passes its own pool, the default allocates).
     """
     B, S = len(rows), seq_len
     fills = np.fromiter((r.fill for r in rows), dtype=np.int64, count=B)

@@ -53,14 +53,13 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from .batch_buffers import BatchBuffers
+from .batch_buffers import UNPOOLED, BatchBuffers
 from .ops.image_layout import IMAGE_GRID, IMAGE_SPANS, IMAGES
 from .records import Row
 
 PIXEL_MODES = ("flat", "fixed", "lists")
 IMAGE_KEYS = ("pixel_values", "image_grid_thw", "image_row", "image_token_start", "image_mask")  # any a mode gives
 POSITION_MODES = ("1d", "mrope")
-_UNPOOLED = BatchBuffers(keep=0)  # plain np.empty
 
 
 @dataclass(frozen=True)
@@ -118,12 +117,11 @@ def _merges(placed: _Placed) -> np.ndarray:
 
 
 def image_keys(rows: Sequence[Row], seq_len: int, spec: ImageBatch, position_ids: np.ndarray,
-               buffers: BatchBuffers | None = None) -> dict[str, Any]:
+               buffers: BatchBuffers = UNPOOLED) -> dict[str, Any]:
     """The image keys of a batch of ``rows`` (see the module docstring); with mrope, ``position_ids`` too.
-    ``pixel_values`` is written into memory from ``buffers`` when given."""
+    ``pixel_values`` is written into memory from ``buffers``."""
     placed = _placed(rows)
     out: dict[str, Any] = {}
-    buffers = buffers or _UNPOOLED
     if spec.pixels == "flat":
         out.update(_flat(placed, spec, buffers))
     elif spec.pixels == "fixed":

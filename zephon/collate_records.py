@@ -18,11 +18,10 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from .batch_buffers import BatchBuffers
+from .batch_buffers import UNPOOLED, BatchBuffers
 from .ops.record_rows import RecordRow
 
 VALID = "valid"  # the padding mask's key
-_UNPOOLED = BatchBuffers(keep=0)  # plain np.empty
 
 
 class CollateError(ValueError):
@@ -30,7 +29,7 @@ class CollateError(ValueError):
 
 
 def collate_records(rows: Sequence[RecordRow], stack: Sequence[str] = (),
-                    buffers: BatchBuffers | None = None) -> dict[str, Any]:
+                    buffers: BatchBuffers = UNPOOLED) -> dict[str, Any]:
     records = [row.record for row in rows]
     real = [rec for rec in records if rec is not None]
     keys = list(dict.fromkeys(k for rec in real for k in rec))
@@ -44,7 +43,7 @@ def collate_records(rows: Sequence[RecordRow], stack: Sequence[str] = (),
     batch: dict[str, Any] = {}
     for key in keys:
         if key in stack:
-            batch[key] = torch.from_numpy(_stacked(key, records, real, buffers or _UNPOOLED))
+            batch[key] = torch.from_numpy(_stacked(key, records, real, buffers))
         else:
             batch[key] = [None if rec is None else rec.get(key) for rec in records]
     batch[VALID] = torch.tensor([rec is not None for rec in records], dtype=torch.bool)

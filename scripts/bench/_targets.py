@@ -221,3 +221,17 @@ def totals_ratio_lines(totals: dict[str, tuple[float, int]], bound: float = 1.8)
                 label = f"zephon {algo} 2 {runner} workers >= {bound:g} x 1 {runner} worker"
                 lines.append(f"{'MET    ' if two / one >= bound else 'NOT MET'} {label:<58} all slices {two / one:5.2f}")
     return lines
+
+
+def fresh_ratio_lines(names: Sequence[str], val: Any, rounds: int, unit: str = "") -> list[str]:
+    """Information, not targets: each ``*_fresh`` configuration (``build(reuse_batch_memory=False)``)
+    against the same configuration with batch memory reused, as ratios inside each round
+    (``val(name, round)``: a throughput, or None where that run failed)."""
+    lines = []
+    for fresh in [n for n in names if n.endswith("_fresh")]:
+        reused = fresh.removesuffix("_fresh")
+        ratios = [val(reused, r) / val(fresh, r) for r in range(rounds) if val(reused, r) and val(fresh, r)]
+        if ratios:
+            lines.append(f"{reused} / {fresh}{unit} = {statistics.median(ratios):.2f} "
+                         f"({min(ratios):.2f}-{max(ratios):.2f}; information: batch memory reused or not)")
+    return lines

@@ -65,7 +65,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import numpy as np  # noqa: E402
 
 from _common import fmt_table, measure_stream, only_patterns, run_task, select_configs, task_main  # noqa: E402
-from _targets import median_round, zephon_hash_check  # noqa: E402
+from _targets import fresh_ratio_lines, median_round, zephon_hash_check  # noqa: E402
 import vl_common as vc  # noqa: E402
 
 SCRIPT = Path(__file__).resolve()
@@ -435,12 +435,7 @@ def round_ratios(per_cfg: dict[str, list[dict]], rounds: int, mode: str = "fetch
     pairs = [(f"{pre}0_inline", f"{pre}1_{runner}", f"{pre}2_{runner}") for pre, runners in
              (("zephon_", ("thread", "pool", "process")), (f"zephon_rows{BIG_TASK[mode]}_", ("thread", "pool")))
              for runner in runners]
-    for fresh in [n for n in per_cfg if n.endswith("_fresh")]:
-        reused = fresh.removesuffix("_fresh")
-        ratios = [val(reused, r) / val(fresh, r) for r in range(rounds) if val(reused, r) and val(fresh, r)]
-        if ratios:
-            lines.append(f"{reused} / {fresh} = {statistics.median(ratios):.2f} ({min(ratios):.2f}-{max(ratios):.2f}; "
-                         f"information: batch memory reused or not)")
+    lines += fresh_ratio_lines(list(per_cfg), val, rounds)
     for zero, one, two in pairs:
         for a, b in ((zero, one), (one, two)):
             ratios = [val(b, r) / val(a, r) for r in range(rounds) if val(a, r) and val(b, r)]

@@ -63,7 +63,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import numpy as np  # noqa: E402
 
 from _common import fmt_table, measure_stream, only_patterns, run_task, select_configs, task_main  # noqa: E402
-from _targets import median_round, zephon_hash_check  # noqa: E402
+from _targets import fresh_ratio_lines, median_round, zephon_hash_check  # noqa: E402
 import vl_common as vc  # noqa: E402
 
 SCRIPT = Path(__file__).resolve()
@@ -323,14 +323,9 @@ def round_targets(per_cfg: dict[str, list[dict]], rounds: int) -> list[str]:
     lines = []
     ceiling = {0: "decoder_alone_main", 1: "decoder_alone_1", 2: "decoder_alone_2"}
     for w in (0, 1, 2):
-        for name in [n for n in per_cfg if n.startswith("zephon_") and per_cfg[n][0]["_workers"] == w]:
-            if name.endswith("_fresh"):
-                pooled = name.removesuffix("_fresh")
-                ratios = [val(pooled, r) / val(name, r) for r in range(rounds) if val(name, r) and val(pooled, r)]
-                if ratios:
-                    lines.append(f"{pooled} / {name} (images_per_s) = {statistics.median(ratios):.2f} "
-                                 f"({min(ratios):.2f}-{max(ratios):.2f}; information: batch memory reused or not)")
-                continue
+        zephon = [n for n in per_cfg if n.startswith("zephon_") and per_cfg[n][0]["_workers"] == w]
+        lines += fresh_ratio_lines(zephon, val, rounds, " (images_per_s)")
+        for name in [n for n in zephon if not n.endswith("_fresh")]:
             for ref, bound, metric in ((ceiling[w], 0.9, "images_per_s"), (f"grain_{w}", 1.0, "usable_tokens_per_s")):
                 ratios = [val(name, r, metric) / val(ref, r, metric) for r in range(rounds)
                           if val(name, r, metric) and val(ref, r, metric)]
