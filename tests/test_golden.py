@@ -27,6 +27,7 @@ from zephon import load_recipe, recipe_from_dict
 from zephon.verify import global_hashes
 
 from .conftest import base_recipe_dict
+from .optional import require_recorded_inputs
 
 GOLDEN = Path(__file__).with_name("golden_hashes.json")
 REPO = Path(__file__).resolve().parents[1]
@@ -173,22 +174,36 @@ def _check(name: str, got: list[str], want: list[str], golden: dict[str, Any]) -
         f"{'ends after ' + str(recorded) if recorded < golden['steps'] else 'does not end before ' + str(recorded)}")
 
 
-def test_inputs_are_the_recorded_ones(golden, corpus, sp_model, demo):
+@pytest.fixture(scope="module")
+def recorded_inputs(golden, corpus, sp_model, demo) -> None:
     """Not the engine: the corpus and tokenizers these hashes were recorded on (built from this
-    interpreter's standard library)."""
-    got = _inputs(corpus, sp_model, demo)
-    assert got == golden["inputs"], (
-        f"the generated inputs differ from those the golden hashes were recorded on (Python "
-        f"{golden['python']}, this is {sys.version.split()[0]}): {got} != {golden['inputs']}")
+    interpreter's standard library, so another Python builds others: see ``require_recorded_inputs``)."""
+    require_recorded_inputs(_inputs(corpus, sp_model, demo), golden["inputs"], {"Python": golden["python"]},
+                            {"Python": sys.version.split()[0]}, "text golden hashes")
+
+
+def test_other_inputs_skip_only_in_another_environment(monkeypatch):
+    """The rule the golden tests apply to their inputs: the recorded inputs pass; other inputs fail in the
+    recording's environment (the generator changed) and under CI, and skip elsewhere."""
+    rec, env, other = {"Python": "3.11.7"}, {"Python": "3.11.7"}, {"Python": "3.12.1"}
+    monkeypatch.delenv("CI", raising=False)
+    require_recorded_inputs({"corpus": "a"}, {"corpus": "a"}, rec, other, "t")  # same inputs: nothing raised
+    with pytest.raises(pytest.fail.Exception, match="the input generator changed"):
+        require_recorded_inputs({"corpus": "b"}, {"corpus": "a"}, rec, env, "t")
+    with pytest.raises(pytest.skip.Exception, match="recorded with Python 3.11.7, this is 3.12.1"):
+        require_recorded_inputs({"corpus": "b"}, {"corpus": "a"}, rec, other, "t")
+    monkeypatch.setenv("CI", "1")
+    with pytest.raises(pytest.fail.Exception, match="CI must run in the recording's environment"):
+        require_recorded_inputs({"corpus": "b"}, {"corpus": "a"}, rec, other, "t")
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", [f"recipes/{n}" for n in SHIPPED])
-def test_shipped_recipes_keep_their_batches(golden, demo, name):
+def test_shipped_recipes_keep_their_batches(golden, demo, recorded_inputs, name):
     _check(name, compute(shipped_variants(demo), [name])[name], golden["hashes"][name], golden)
 
 
-def test_suite_recipes_keep_their_batches(golden, corpus, sp_model, hf_tokenizer, tiktoken_file):
+def test_suite_recipes_keep_their_batches(golden, corpus, sp_model, hf_tokenizer, tiktoken_file, recorded_inputs):
     variants = suite_variants(corpus, sp_model, hf_tokenizer, tiktoken_file)
     assert set(variants) <= set(golden["hashes"])
     got = compute(variants)

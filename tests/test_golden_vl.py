@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from tests.optional import require
+from tests.optional import require, require_recorded_inputs
 
 import zephon as z
 from zephon.verify import global_hashes
@@ -112,17 +112,20 @@ def vl_inputs(tmp_path_factory, corpus_texts) -> tuple[dict[str, Path], Path]:
     return build_inputs(tmp_path_factory.mktemp("golden_vl"), corpus_texts)
 
 
-def test_vl_inputs_are_the_recorded_ones(golden, vl_inputs):
-    got = inputs(*vl_inputs)
-    assert got == golden["inputs"], (
-        f"the generated images, tokenizer or codecs differ from those the golden hashes were recorded on "
-        f"(Python {golden['python']}, this is {sys.version.split()[0]}; pin the codecs as .ci/constraints.txt "
-        f"does): {got} != {golden['inputs']}")
+@pytest.fixture(scope="module")
+def recorded_vl_inputs(golden, vl_inputs) -> None:
+    """Not the engine: the images, tokenizer and codecs these hashes were recorded on (captions from this
+    interpreter's standard library, pictures encoded by the installed Pillow: see ``require_recorded_inputs``)."""
+    got, want = inputs(*vl_inputs), golden["inputs"]
+    codecs = ("pillow", "simplejpeg")
+    require_recorded_inputs(got, want, {"Python": golden["python"], **{k: want[k] for k in codecs}},
+                            {"Python": sys.version.split()[0], **{k: got[k] for k in codecs}},
+                            "vision-language golden hashes")
 
 
 @pytest.mark.parametrize("name", ["wds_fit_flat_pillow", "hf_crop_fixed_simplejpeg", "interleaved_mixed_pillow",
                                   "wds_decode_and_batch_pillow"])
-def test_vl_pipelines_keep_their_batches(golden, vl_inputs, name):
+def test_vl_pipelines_keep_their_batches(golden, vl_inputs, recorded_vl_inputs, name):
     data, tok_path = vl_inputs
     got = global_hashes(pipelines(data, z.tokenizer(str(tok_path)))[name], 1, STEPS, num_workers=2)
     want = golden["hashes"][name]

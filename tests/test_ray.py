@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -27,7 +28,7 @@ import zephon as z
 from tests.optional import require
 from zephon import WorkPlan, build_loader, global_digest, merge_states
 from zephon.engine.ray_executor import RayClusterLost, RayExecutor, RayOptions, connect
-from zephon.engine.ray_local import LocalRayCluster, free_port
+from zephon.engine.ray_local import LocalRayCluster, free_port, ray_executable
 from zephon.loader import as_pipeline
 from zephon.ops.transforms import OperatorError
 from zephon.records import Chunk
@@ -54,6 +55,19 @@ def cluster():
         finally:
             ray.shutdown()
             head.stop()
+
+
+def test_the_head_runs_this_interpreters_ray(tmp_path, monkeypatch):
+    """A ``ray`` of another Python first on PATH (a venv's python run without activating the venv) is not
+    the command LocalRayCluster starts: Ray refuses a driver whose Python differs from the head's."""
+    other = tmp_path / "ray"
+    other.write_text("#!/bin/sh\nexit 3\n")
+    other.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ.get('PATH', '')}")
+    assert shutil.which("ray") == str(other)
+    own = Path(sys.executable).with_name("ray")
+    assert own.is_file(), f"pip installs ray's command beside this interpreter ({own})"
+    assert ray_executable() == str(own)
 
 
 # -- module-level functions: the cluster's workers import them by name ---------------------------------

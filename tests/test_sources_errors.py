@@ -17,6 +17,7 @@ import pytest
 import zephon as z
 from zephon import WorkPlan
 
+from .optional import require
 from .test_sources import ROWS, data, pipeline, shards, spec_of, tok  # noqa: F401 - fixtures
 
 FORMATS = ["lance", "arrow", "arrows", "hf", "memory"]
@@ -102,6 +103,7 @@ def test_lance_paths_that_are_not_datasets(tmp_path, tok):
     (tmp_path / "empty").mkdir()
     with pytest.raises(z.SourceError, match=r"is not a Lance dataset and holds none .*_versions"):
         WorkPlan(pipeline(z.read.lance(str(tmp_path / "empty")), tok))
+    require("lance")  # the checks above come before pylance is imported; opening a dataset needs it
     (tmp_path / "broken.lance" / "_versions").mkdir(parents=True)
     (tmp_path / "broken.lance" / "_versions" / "1.manifest").write_bytes(b"not a manifest")
     with pytest.raises(z.SourceError, match=r"cannot open the Lance dataset .*broken.lance"):

@@ -37,6 +37,14 @@ def port_open(host: str, port: int, timeout_s: float = 1.0) -> bool:
         return False
 
 
+def ray_executable() -> str:
+    """This interpreter's ``ray`` command, else the one on ``PATH``. Its own comes first: a ``ray`` found on
+    ``PATH`` may belong to another Python (a virtual environment's python run without activating it), and
+    Ray refuses a driver whose Python differs from the head's."""
+    sibling = Path(sys.executable).with_name("ray")
+    return str(sibling) if sibling.is_file() else (shutil.which("ray") or str(sibling))
+
+
 class LocalRayCluster:
     """``ray start --head`` with ``num_cpus`` logical CPUs on 127.0.0.1; ``address`` is for ``address=``.
 
@@ -59,7 +67,7 @@ class LocalRayCluster:
         return f"127.0.0.1:{self.port}"
 
     def start(self, timeout_s: float = 90.0) -> "LocalRayCluster":
-        ray_bin = shutil.which("ray") or str(Path(sys.executable).with_name("ray"))
+        ray_bin = ray_executable()
         # the ports Ray would otherwise take at fixed defaults (10001, 52365, ...) are free ones, so that two
         # heads (two tests', or another user's) never fight over them. (Not the dashboard agent's gRPC port:
         # Ray picks that one itself, and the metrics exporter fails to connect when it is given.)
