@@ -190,7 +190,8 @@ def build(kind: str, data: Path, workers: int, params: dict):
         return it, (lambda: getattr(it, "close", lambda: None)())
     if kind == "zephon":
         loader = zephon_pipeline(data).build(rank=0, world_size=1, num_workers=workers, runner=params["runner"],
-                                             reuse_batch_memory=params.get("reuse_batch_memory", True))
+                                             reuse_batch_memory=params.get("reuse_batch_memory", True),
+                                             prefetch=params.get("prefetch"))
         return iter(loader), loader.close
     raise ValueError(kind)
 
@@ -218,6 +219,9 @@ def configs() -> list[dict[str, Any]]:
                       "params": {"algorithm": "best_fit", "runner": r}})
         c.append({"name": f"zephon_{w}_thread_fresh", "kind": "zephon", "workers": w, "runner": "thread",
                   "params": {"algorithm": "best_fit", "runner": "thread", "reuse_batch_memory": False}})
+        # deeper read-ahead: 8 tasks per lane in flight instead of lane_depth()'s 2 (build(prefetch=8))
+        c.append({"name": f"zephon_{w}_thread_prefetch8", "kind": "zephon", "workers": w, "runner": "thread",
+                  "params": {"algorithm": "best_fit", "runner": "thread", "prefetch": 8}})
     return c
 
 
