@@ -222,6 +222,31 @@ def test_sidecar_is_written_reused_and_never_trusted(shards, tmp_path):
     assert wdsr._read_sidecar(str(sidecar.parent), sidecar.name) is None
 
 
+def test_header_checksums_unsigned_and_signed(tmp_path):
+    """A header's checksum is the sum of its bytes read unsigned (tar writers today) or signed (some old
+    ones): both are accepted; any other value is refused. (A name with bytes >= 0x80 makes them differ.)"""
+    path = write_shard(tmp_path / "s.tar", [("caf\u00e9.jpg", b"1"), ("caf\u00e9.txt", b"x")], fmt=tarfile.GNU_FORMAT)
+    raw = bytearray(path.read_bytes())
+    header = raw[:512]
+    unsigned = sum(header[:148]) + sum(header[156:]) + 8 * 32
+    signed = sum(b - 256 if b >= 128 else b for b in header[:148] + header[156:]) + 8 * 32
+    assert unsigned != signed
+    for value, ok in ((unsigned, True), (signed, True), (unsigned + 1, False)):
+        raw[148:156] = b"%06o\x00 " % value
+        (tmp_path / "t.tar").write_bytes(bytes(raw))
+        with open(tmp_path / "t.tar", "rb") as f:
+            if ok:
+                assert [m[0] for m in wdsr.scan_members(f, len(raw), "t.tar")] == ["caf\u00e9.jpg", "caf\u00e9.txt"]
+            else:
+                with pytest.raises(SourceError, match="bad tar header checksum"):
+                    wdsr.scan_members(f, len(raw), "t.tar")
+    # a bad checksum is reported before what the header's other fields say (here a size that is no number)
+    raw[124:136] = b"not a number"
+    (tmp_path / "t.tar").write_bytes(bytes(raw))
+    with open(tmp_path / "t.tar", "rb") as f, pytest.raises(SourceError, match="at byte 0: bad tar header checksum"):
+        wdsr.scan_members(f, len(raw), "t.tar")
+
+
 def test_bad_shards_are_clear_errors(shards, tmp_path):
     data = shards[0].read_bytes()
     cases = {

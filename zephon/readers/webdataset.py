@@ -38,7 +38,6 @@ import hashlib
 import json
 import os
 import re
-import struct
 import tempfile
 from dataclasses import dataclass
 from typing import Any, BinaryIO, Sequence
@@ -117,12 +116,35 @@ def _number(field: bytes, where: str) -> int:
                           f"corrupt one)") from None
 
 
-def _check_sum(block: bytes, where: str) -> None:
-    stored = _number(block[148:156], where)
-    unsigned = sum(block) - sum(block[148:156]) + 8 * 32
-    signed = sum(struct.unpack("148b8x356b", block)) + 8 * 32
-    if stored not in (unsigned, signed):
-        raise SourceError(f"{where}: bad tar header checksum (not a tar file, or a corrupt one)")
+CHECK_BATCH = 4096  # headers whose checksums are verified together
+
+
+def _check_sums(blocks: list[bytes], stored: list[int], at: list[int], where: str) -> None:
+    """Each header's checksum: the sum of its bytes with the checksum field as spaces, read unsigned (tar
+    writers today) or signed (some old ones). Checked for all headers at once; the first bad one is named."""
+    if not blocks:
+        return
+    raw = np.frombuffer(b"".join(blocks), dtype=np.uint8).reshape(len(blocks), BLOCK)
+    blank = 8 * 32  # the checksum field counts as eight spaces
+    unsigned = raw.sum(axis=1, dtype=np.int64) - raw[:, 148:156].sum(axis=1, dtype=np.int64) + blank
+    want = np.asarray(stored, dtype=np.int64)
+    bad = np.flatnonzero(unsigned != want)
+    if len(bad):
+        signed = raw[bad].view(np.int8)
+        sums = signed.sum(axis=1, dtype=np.int64) - signed[:, 148:156].sum(axis=1, dtype=np.int64) + blank
+        bad = bad[sums != want[bad]]
+    if len(bad):
+        raise SourceError(f"{where}, tar header at byte {at[int(bad[0])]}: bad tar header checksum (not a tar "
+                          f"file, or a corrupt one)")
+
+
+def _checksum_field(block: bytes) -> int:
+    """The stored checksum (octal digits, NUL/space padded); -1 for a field that is not one (it then fails)."""
+    digits = block[148:156].split(b"\x00", 1)[0].strip(b" ")
+    try:
+        return int(digits, 8) if digits else -1
+    except ValueError:
+        return -1
 
 
 def _pax(data: bytes, where: str) -> dict[str, str]:
@@ -152,6 +174,21 @@ def scan_members(f: BinaryIO, size: int, where: str) -> list[tuple[str, int, int
     """``(name, data offset, size)`` of every regular member of the tar file ``f`` of ``size`` bytes, from its
     headers alone (the data is skipped with a seek)."""
     members: list[tuple[str, int, int]] = []
+    blocks: list[bytes] = []  # every header read, its stored checksum and where: verified together
+    stored: list[int] = []
+    at_pos: list[int] = []
+    try:
+        _walk(f, size, where, members, blocks, stored, at_pos)
+    except SourceError:
+        # the walk read garbage: a header that fails its checksum comes first, as a header-by-header check
+        # would have found it before reading that header's fields
+        _check_sums(blocks, stored, at_pos, where)
+        raise
+    _check_sums(blocks, stored, at_pos, where)
+    return members
+
+
+def _walk(f: BinaryIO, size: int, where: str, members: list, blocks: list, stored: list, at_pos: list) -> None:
     pos = 0
     long_name: str | None = None
     pax: dict[str, str] = {}
@@ -167,7 +204,12 @@ def scan_members(f: BinaryIO, size: int, where: str) -> list[tuple[str, int, int
         if block == ZERO_BLOCK:
             break
         at = f"{where}, tar header at byte {pos}"
-        _check_sum(block, at)
+        blocks.append(block)
+        at_pos.append(pos)
+        stored.append(_checksum_field(block))
+        if len(blocks) == CHECK_BATCH:  # bounded memory on a shard of very many members
+            _check_sums(blocks, stored, at_pos, where)
+            del blocks[:], stored[:], at_pos[:]
         kind = block[156:157]
         msize = _number(block[124:136], at)
         if kind not in (b"L", b"K", b"x", b"g") and "size" in pax:
@@ -201,7 +243,6 @@ def scan_members(f: BinaryIO, size: int, where: str) -> list[tuple[str, int, int
                 members.append((name, data, msize))
             long_name, pax = None, {}
         pos = data + -(-msize // BLOCK) * BLOCK
-    return members
 
 
 def group_samples(members: Sequence[tuple[str, int, int]], size: int, where: str) -> ShardIndex:
