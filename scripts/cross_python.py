@@ -4,7 +4,8 @@ The golden tests (``tests/test_golden.py``, ``tests/test_golden_vl.py``) generat
 running interpreter's standard library, so on another Python they see other data and skip. This script
 separates the two: ``--build DIR`` writes the golden tests' inputs (text corpus, the three tokenizers,
 the demo corpus, the vision-language dataset and tokenizer) and the global-batch hashes this interpreter
-computes on them, and the loader states of every pipeline after step 20 on 4 or 2 ranks; ``--check DIR``,
+computes on them, and the loader states of every pipeline part-way (text after step 20 of 50,
+vision-language after step 6 of 12) on 4 or 2 ranks; ``--check DIR``,
 run by any other interpreter with Zephon installed, recomputes the hashes on those same files, and
 resumes each saved state on one rank, comparing recipe by recipe and batch by batch::
 
@@ -75,20 +76,22 @@ def run_steps(pipe, world_size: int, steps: int, state: dict | None) -> tuple[li
 
 
 def save_resumes(root: Path, manifest: dict) -> dict[str, dict]:
-    """Each pipeline whose data lasts STEPS batches, run RESUME_AT steps on 4 (or 2) ranks; its state saved."""
+    """Each pipeline whose data lasts its whole run (50 text batches, 12 vision-language ones), run to
+    RESUME_AT (20; 6 for vision-language) on 4 (or 2) ranks, and its state saved."""
     from zephon import save_state
 
     (root / "states").mkdir(exist_ok=True)
     out = {}
     for name, pipe in pipelines(root, manifest).items():
-        if len(manifest["hashes"][name]) < tg.STEPS or pipe.lanes % 2:
+        steps, at = (tv.STEPS, tv.STEPS // 2) if name.startswith("vl/") else (tg.STEPS, RESUME_AT)
+        if len(manifest["hashes"][name]) < steps or pipe.lanes % 2:
             continue
         world = 4 if pipe.lanes % 4 == 0 else 2
-        got, state = run_steps(pipe, world, RESUME_AT, None)
-        assert got == manifest["hashes"][name][:RESUME_AT], f"{name}: {world} ranks differ from 1"
+        got, state = run_steps(pipe, world, at, None)
+        assert got == manifest["hashes"][name][:at], f"{name}: {world} ranks differ from 1"
         path = root / "states" / (name.replace("/", "_") + ".json")
         save_state(state, path)
-        out[name] = {"state": str(path.relative_to(root)), "world_size": world}
+        out[name] = {"state": str(path.relative_to(root)), "world_size": world, "resume_at": at}
     return out
 
 
@@ -117,7 +120,7 @@ def build(root: Path) -> None:
     (root / "cross_python.json").write_text(json.dumps(manifest, indent=1) + "\n")
     n = sum(len(h) for h in manifest["hashes"].values())
     print(f"built {root}: {len(manifest['hashes'])} pipelines, {n} global batches, {len(manifest['resumes'])} "
-          f"states saved after step {RESUME_AT}, on {manifest['versions']}")
+          f"states saved part-way, on {manifest['versions']}")
 
 
 def check(root: Path) -> int:
@@ -138,16 +141,22 @@ def check(root: Path) -> int:
     from zephon import load_state
 
     pipes, bad_resumes = pipelines(root, manifest), 0
+    if not manifest["resumes"]:
+        print("no saved state to resume: rebuild DIR with --build")
+        return 1
     for name, saved in manifest["resumes"].items():
-        want = manifest["hashes"][name][RESUME_AT:]
+        at = saved["resume_at"]
+        want = manifest["hashes"][name][at:]
         have, _ = run_steps(pipes[name], 1, len(want), load_state(root / saved["state"]))
         if have != want:
             bad_resumes += 1
             first = next((i for i, (a, b) in enumerate(zip(have, want)) if a != b), min(len(have), len(want)))
-            print(f"DIFFERENT {name} resumed on 1 rank from {saved['world_size']}: batch {RESUME_AT + first}")
+            print(f"DIFFERENT {name} resumed on 1 rank from {saved['world_size']}: batch {at + first}")
+    n_vl = sum(name.startswith("vl/") for name in manifest["resumes"])
     print(f"{len(manifest['resumes']) - bad_resumes} of {len(manifest['resumes'])} states saved on "
-          f"{manifest['versions']['python']} (after step {RESUME_AT}, on 4 or 2 ranks) resumed here on 1 rank "
-          f"with the same batches")
+          f"{manifest['versions']['python']} ({len(manifest['resumes']) - n_vl} text after step {RESUME_AT}, "
+          f"{n_vl} vision-language after step {tv.STEPS // 2}, on 4 or 2 ranks) resumed here on 1 rank with "
+          f"the same batches")
     return 1 if bad or bad_resumes else 0
 
 

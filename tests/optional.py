@@ -26,17 +26,19 @@ def require_recorded_inputs(got: dict[str, str], recorded: dict[str, str], recor
     """Golden hashes hold only for the inputs they were recorded on (``recorded``). The suite generates its
     inputs locally, from this interpreter's standard library and with the installed codecs, so another
     environment (``env`` against ``recorded_env``: the Python version, codec versions) generates others:
-    then skip (locally) or fail (``CI`` set, where .ci/run pins the recording's environment). In the
-    recording's own environment, other inputs mean the generator changed: fail."""
+    then skip (locally) or fail (``CI`` set: CI runs the recording's Python, 3.11, with the library versions
+    of .ci/constraints.txt). In the recording's own environment, other inputs mean the generator changed,
+    or a library that builds them (the tokenizer trainers, pyarrow): fail."""
     if got == recorded:
         return
     why = (f"{what}: the generated inputs differ from those the golden hashes were recorded on "
            f"({got} != {recorded})")
     differs = {k: (recorded_env.get(k), v) for k, v in env.items() if recorded_env.get(k) != v}
     if not differs:
-        pytest.fail(f"{why}, in the recording's own environment ({env}): the input generator changed",
-                    pytrace=False)
+        pytest.fail(f"{why}, in the recording's own environment ({env}): the input generator changed, or a "
+                    f"library that builds the inputs (sentencepiece, tokenizers, pyarrow: .ci/constraints.txt "
+                    f"pins them)", pytrace=False)
     why += "; recorded with " + ", ".join(f"{k} {a}, this is {b}" for k, (a, b) in differs.items())
     if os.environ.get("CI"):
-        pytest.fail(f"{why}; CI must run in the recording's environment (.ci/constraints.txt)", pytrace=False)
+        pytest.fail(f"{why}; CI must run the recording's Python with .ci/constraints.txt", pytrace=False)
     pytest.skip(why)

@@ -27,12 +27,16 @@ from .test_golden_vl import STEPS, pipelines, vl_inputs  # noqa: F401  (fixtures
 
 
 class PoisonedBuffers(BatchBuffers):
-    """Every array it hands out starts as 0xA5 bytes, fresh or reused: a byte that collation forgets to
-    write changes the batch's hash, whatever earlier batches left there."""
+    """Every array it hands out starts as ``poison`` bytes (0xA5), fresh or reused: a byte that collation
+    forgets to write changes the batch's hash, whatever earlier batches left there."""
+
+    def __init__(self, keep: int = 4, min_bytes: int = 4 << 20, poison: int = 0xA5) -> None:
+        super().__init__(keep, min_bytes)
+        self.poison = poison
 
     def empty(self, shape, dtype):
         out = super().empty(shape, dtype)
-        out.view(np.uint8).fill(0xA5)
+        out.view(np.uint8).fill(self.poison)
         return out
 
 
@@ -201,6 +205,7 @@ def test_loaders_with_pooled_batches_give_the_unpooled_batches(vl_inputs, name):
         return digests, kept
 
     unpooled = pipe.build(rank=0, world_size=1, num_workers=2, runner="thread", reuse_batch_memory=False)
+    unpooled._buffers = PoisonedBuffers(keep=0, min_bytes=0, poison=0x5A)  # another poison: no byte left to chance
     want, _ = digests_of(unpooled, False)
     assert unpooled.metrics()["batch_memory"] == {"reused": 0, "allocated": 0}
     assert len(want) == STEPS

@@ -245,6 +245,34 @@ def test_header_checksums_unsigned_and_signed(tmp_path):
     (tmp_path / "t.tar").write_bytes(bytes(raw))
     with open(tmp_path / "t.tar", "rb") as f, pytest.raises(SourceError, match="at byte 0: bad tar header checksum"):
         wdsr.scan_members(f, len(raw), "t.tar")
+    # a checksum field that is no number is refused as such
+    raw[148:156] = b"zzzzzzz\x00"
+    with pytest.raises(SourceError, match="where a number belongs"):
+        wdsr.scan_members(io.BytesIO(bytes(raw)), len(raw), "t.tar")
+
+
+def test_a_bad_checksum_comes_first_whatever_follows(tmp_path):
+    """Checksums are verified 4,096 headers at a time: a bad one is found wherever it is, and reported
+    before a later header's error (here a pax size that is not a plain number)."""
+    info = tarfile.TarInfo("a.txt")
+    info.size, info.pax_headers = 1, {"size": "\u00b9"}
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tf:
+        tf.addfile(info, io.BytesIO(b"x"))
+    raw = bytearray(buf.getvalue())
+    with pytest.raises(SourceError, match="at byte 1024: a pax size of"):
+        wdsr.scan_members(io.BytesIO(bytes(raw)), len(raw), "t.tar")
+    raw[148:156] = b"0000001\x00"  # the pax header's own checksum, before it
+    with pytest.raises(SourceError, match="at byte 0: bad tar header checksum"):
+        wdsr.scan_members(io.BytesIO(bytes(raw)), len(raw), "t.tar")
+    many = bytearray(write_shard(tmp_path / "many.tar", [(f"{i:05d}.txt", b"x") for i in range(4100)],
+                                 fmt=tarfile.GNU_FORMAT).read_bytes())
+    assert len(wdsr.scan_members(io.BytesIO(bytes(many)), len(many), "many.tar")) == 4100
+    for k in (0, 4095, 4096, 4099):  # the first, the last of a batch, the first of the next, the last
+        bad = bytearray(many)
+        bad[k * 1024 + 148:k * 1024 + 156] = b"0000001\x00"
+        with pytest.raises(SourceError, match=f"at byte {k * 1024}: bad tar header checksum"):
+            wdsr.scan_members(io.BytesIO(bytes(bad)), len(bad), "many.tar")
 
 
 def test_bad_shards_are_clear_errors(shards, tmp_path):

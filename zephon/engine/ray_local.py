@@ -37,12 +37,11 @@ def port_open(host: str, port: int, timeout_s: float = 1.0) -> bool:
         return False
 
 
-def ray_executable() -> str:
-    """This interpreter's ``ray`` command, else the one on ``PATH``. Its own comes first: a ``ray`` found on
-    ``PATH`` may belong to another Python (a virtual environment's python run without activating it), and
-    Ray refuses a driver whose Python differs from the head's."""
-    sibling = Path(sys.executable).with_name("ray")
-    return str(sibling) if sibling.is_file() else (shutil.which("ray") or str(sibling))
+def ray_command() -> list[str]:
+    """Ray's command line run by this interpreter (``python -m ray.scripts.scripts``, what the ``ray``
+    script runs). Not a ``ray`` found on ``PATH``: that may belong to another Python (a virtual environment's
+    python run without activating it), and Ray refuses a driver whose Python differs from the head's."""
+    return [sys.executable, "-m", "ray.scripts.scripts"]
 
 
 class LocalRayCluster:
@@ -67,14 +66,13 @@ class LocalRayCluster:
         return f"127.0.0.1:{self.port}"
 
     def start(self, timeout_s: float = 90.0) -> "LocalRayCluster":
-        ray_bin = ray_executable()
         # the ports Ray would otherwise take at fixed defaults (10001, 52365, ...) are free ones, so that two
         # heads (two tests', or another user's) never fight over them. (Not the dashboard agent's gRPC port:
         # Ray picks that one itself, and the metrics exporter fails to connect when it is given.)
         ports = {flag: free_port() for flag in ("--ray-client-server-port", "--dashboard-agent-listen-port",
                                                 "--runtime-env-agent-port", "--metrics-export-port",
                                                 "--node-manager-port", "--object-manager-port")}
-        cmd = [ray_bin, "start", "--head", "--block", f"--port={self.port}", f"--num-cpus={self.num_cpus}",
+        cmd = [*ray_command(), "start", "--head", "--block", f"--port={self.port}", f"--num-cpus={self.num_cpus}",
                "--include-dashboard=false", "--disable-usage-stats", f"--temp-dir={self.temp_dir}",
                f"--object-store-memory={self.object_store_mb << 20}"] + [f"{k}={v}" for k, v in ports.items()]
         env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", **self.env}

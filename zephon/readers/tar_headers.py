@@ -4,7 +4,7 @@ Each 512-byte header gives a member's name, type and size; the data is skipped w
 index costs one read per member, never its contents. GNU long names and pax headers (``path``, ``size``)
 are honoured; sparse members are refused. Every header's checksum is verified, unsigned or signed (old
 writers), for many headers at once (numpy): the walk collects them, and a header that fails is reported
-before anything its other fields led to.
+before any error that its own or later headers' other fields led to.
 """
 
 from __future__ import annotations
@@ -57,15 +57,6 @@ def _check_sums(blocks: list[bytes], stored: list[int], at: list[int], where: st
                           f"file, or a corrupt one)")
 
 
-def _checksum_field(block: bytes) -> int:
-    """The stored checksum (octal digits, NUL/space padded); -1 for a field that is not one (it then fails)."""
-    digits = block[148:156].split(b"\x00", 1)[0].strip(b" ")
-    try:
-        return int(digits, 8) if digits else -1
-    except ValueError:
-        return -1
-
-
 def _pax(data: bytes, where: str) -> dict[str, str]:
     """The records ``"<len> key=value\\n"`` of a pax extended header."""
     out: dict[str, str] = {}
@@ -98,7 +89,7 @@ def scan_members(f: BinaryIO, size: int, where: str) -> list[tuple[str, int, int
     at_pos: list[int] = []
     try:
         _walk(f, size, where, members, blocks, stored, at_pos)
-    except SourceError:
+    except Exception:
         # the walk read garbage: a header that fails its checksum comes first, as a header-by-header check
         # would have found it before reading that header's fields
         _check_sums(blocks, stored, at_pos, where)
@@ -123,16 +114,17 @@ def _walk(f: BinaryIO, size: int, where: str, members: list, blocks: list, store
         if block == ZERO_BLOCK:
             break
         at = f"{where}, tar header at byte {pos}"
+        checksum = _number(block[148:156], at)  # a field that is no number is refused here, as it always was
         blocks.append(block)
         at_pos.append(pos)
-        stored.append(_checksum_field(block))
+        stored.append(checksum)
         if len(blocks) == CHECK_BATCH:  # bounded memory on a shard of very many members
             _check_sums(blocks, stored, at_pos, where)
             del blocks[:], stored[:], at_pos[:]
         kind = block[156:157]
         msize = _number(block[124:136], at)
         if kind not in (b"L", b"K", b"x", b"g") and "size" in pax:
-            if not pax["size"].isdigit():
+            if not (pax["size"].isascii() and pax["size"].isdigit() and len(pax["size"]) <= 20):
                 raise SourceError(f"{at}: a pax size of {pax['size']!r}")
             msize = int(pax["size"])
         data = pos + BLOCK
