@@ -96,23 +96,12 @@ def save_resumes(root: Path, manifest: dict) -> dict[str, dict]:
 
 
 def build(root: Path) -> None:
-    from tests.conftest import build_corpus, build_hf_tokenizer, build_tiktoken_file, read_corpus_texts
-    from zephon.demo import train_sentencepiece
-
     root.mkdir(parents=True, exist_ok=True)
-    corpus = build_corpus(root / "corpus")
-    texts = read_corpus_texts(corpus)
-    (root / "sp").mkdir()
-    sp_model = train_sentencepiece(root / "sp" / "tok.model", texts, vocab_size=600)
-    (root / "hf").mkdir()
-    hf = build_hf_tokenizer(root / "hf", texts)
-    (root / "tt").mkdir()
-    tt = build_tiktoken_file(root / "tt", hf)
-    demo = tg.build_demo(root / "demo")
-    vl_data, vl_tok = tv.build_inputs(root / "vl_inputs", texts)
+    text = tg.build_text_inputs(root)
+    vl_data, vl_tok = tv.build_inputs(root / "vl_inputs", text["texts"])
     rel = lambda q: str(Path(q).relative_to(root))  # noqa: E731
-    manifest = {"paths": {"corpus": rel(corpus), "sp_model": rel(sp_model), "hf": rel(hf), "tiktoken": rel(tt),
-                          "demo": rel(demo), "vl_tokenizer": rel(vl_tok)},
+    manifest = {"paths": {**{k: rel(text[k]) for k in ("corpus", "sp_model", "hf", "tiktoken", "demo")},
+                          "vl_tokenizer": rel(vl_tok)},
                 "vl_data": {k: rel(v) for k, v in vl_data.items()}}
     manifest["versions"] = versions()
     manifest["hashes"] = hashes(root, manifest)

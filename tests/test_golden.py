@@ -217,8 +217,9 @@ def _inputs(corpus: Path, sp_model: Path, demo: Path) -> dict[str, str]:
                                          list((demo / "data" / "code").rglob("*.*")) + [demo / "tok.model"])}
 
 
-def write_golden(tmp: Path) -> None:
-    """Regenerate golden_hashes.json (by hand, on purpose: ``python -m tests.test_golden``)."""
+def build_text_inputs(tmp: Path) -> dict[str, Any]:
+    """The inputs these hashes are recorded on, built under ``tmp``: the test corpus (and its texts), the
+    SentencePiece, Hugging Face and tiktoken tokenizers trained on it, and the demo corpus."""
     from zephon.demo import train_sentencepiece
 
     from .conftest import build_corpus, build_hf_tokenizer, build_tiktoken_file, read_corpus_texts
@@ -230,8 +231,14 @@ def write_golden(tmp: Path) -> None:
     (tmp / "hf").mkdir()
     hf = build_hf_tokenizer(tmp / "hf", texts)
     (tmp / "tt").mkdir()
-    tt = build_tiktoken_file(tmp / "tt", hf)
-    demo = build_demo(tmp / "demo")
+    return {"corpus": corpus, "texts": texts, "sp_model": sp_model, "hf": hf,
+            "tiktoken": build_tiktoken_file(tmp / "tt", hf), "demo": build_demo(tmp / "demo")}
+
+
+def write_golden(tmp: Path) -> None:
+    """Regenerate golden_hashes.json (by hand, on purpose: ``python -m tests.test_golden``)."""
+    built = build_text_inputs(tmp)
+    corpus, sp_model, hf, tt, demo = (built[k] for k in ("corpus", "sp_model", "hf", "tiktoken", "demo"))
     hashes = compute(suite_variants(corpus, sp_model, hf, tt))
     hashes.update(compute(shipped_variants(demo)))
     GOLDEN.write_text(json.dumps({"python": sys.version.split()[0], "inputs": _inputs(corpus, sp_model, demo),
