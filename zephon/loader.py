@@ -12,13 +12,14 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 
 from torchdata.nodes import BaseNode
 
-from .batch_buffers import BatchBuffers
+from .batch_buffers import UNPOOLED, BatchBuffers
 from .collate import collate
 from .collate_records import collate_records
 from .compile import CompiledPipeline
 from .engine.counters import LaneCounters
 from .engine.executors import EXECUTOR_KINDS, Executor, make_executor
 from .engine.hosts import LocalLanes, ProcessLanes
+from .engine.steps_ahead import StepsAhead
 from .engine.lane import InterventionTooLate, lane_depth
 from .engine.tokenizer_pool import uses_hf_tokenizer
 from .pipeline import Pipeline
@@ -27,6 +28,7 @@ from .state.checkpoint import STATE_FORMAT, STATE_VERSION, check_compatible, che
 from .state.lane import LaneState, StateError
 
 RUNNERS = ("thread", "pool", "process", "ray", "ray-lanes")
+STEPS_AHEAD = 2  # thread, pool and ray runners with workers: steps the lanes compute before the trainer asks
 _RUNNER_KIND = {"thread": "thread", "pool": "process"}  # the executor kind behind each chunk runner
 
 
@@ -88,7 +90,7 @@ class ZephonLoader:
                  program: CompiledPipeline | None = None, text_map: Callable | None = None,
                  text_filter: Callable | None = None, plan: Any = None, group: Any = None,
                  address: str | None = None, ray_options: Mapping[str, Any] | None = None,
-                 reuse_batch_memory: bool = True) -> None:
+                 reuse_batch_memory: bool = True, steps_ahead: int | None = None) -> None:
         self.recipe = pipeline
         self.group = group  # the data-parallel process group (finite sources: the ranks agree on the end)
         self._ended = False  # what it was built from (a Recipe or a Pipeline): plugins read seq_len etc.
@@ -111,7 +113,7 @@ class ZephonLoader:
         if not isinstance(runner, str):  # an executor shared by several loaders (zephon.verify)
             self._default_kind, self._executors[runner.kind] = runner.kind, runner
             self._own_executors = False
-            self._host: LocalLanes | ProcessLanes = LocalLanes(self.program, self.lanes, self._executor_for,
+            self._host: LocalLanes | ProcessLanes | StepsAhead = LocalLanes(self.program, self.lanes, self._executor_for,
                                                                prefetch or lane_depth(runner.num_workers), self.events)
         elif runner == "process" and num_workers > 0:
             self._host = ProcessLanes(self.pipeline, self.program, self.lanes, num_workers, prefetch or 4, self.events)
@@ -130,9 +132,18 @@ class ZephonLoader:
             for s, kinds in enumerate(self.program.stage_kinds):
                 for k in range(len(kinds)):
                     self._executor_for(s, k)
+        if steps_ahead is not None and steps_ahead < 0:
+            raise ValueError(f"steps_ahead must be >= 0, got {steps_ahead}")
+        if isinstance(self._host, LocalLanes):
+            workers = runner.num_workers if not isinstance(runner, str) else num_workers
+            ahead = (STEPS_AHEAD if workers else 0) if steps_ahead is None else steps_ahead
+            if ahead:  # the thread collates too: the trainer's next() is a queue read
+                self._host = StepsAhead(self._host, ahead, collate=self._collate)
         self.node: BaseNode[dict] = _RankNode(self)
         # pixel (and other large) batch tensors: memory used again once the trainer holds no reference to it
-        self._buffers = BatchBuffers(keep=4 if reuse_batch_memory else 0)
+        # with steps computed ahead, each queued step holds a batch as well
+        ahead = self._host.ahead if isinstance(self._host, StepsAhead) else 0
+        self._buffers = BatchBuffers(keep=4 + ahead if reuse_batch_memory else 0)
         self.step = 0
         self._started = time.perf_counter()
         self._initialized = False
@@ -226,10 +237,18 @@ class ZephonLoader:
             d["pad"] += row.free
             if row.flushed:
                 d["flush_pad"] += row.free
+        if isinstance(self._host, StepsAhead):
+            made = self._host.take_batch(rows)
+            # the memory pool belongs to the thread that collates ahead: never collate into it from here
+            return made if made is not None else self._collate(rows, UNPOOLED)
+        return self._collate(rows)
+
+    def _collate(self, rows: list, buffers: BatchBuffers | None = None) -> dict[str, Any]:
+        """The batch of a step's rows (on the trainer's thread, or on the thread that computes steps ahead)."""
+        buffers = self._buffers if buffers is None else buffers
         if self.program.records:
-            return collate_records(rows, self.program.stack, self._buffers)
-        return collate(rows, self.program.seq_len, self.pad_id, self.program.pad_values, self.program.images,
-                       self._buffers)
+            return collate_records(rows, self.program.stack, buffers)
+        return collate(rows, self.program.seq_len, self.pad_id, self.program.pad_values, self.program.images, buffers)
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         while True:
@@ -477,7 +496,8 @@ def build_loader(pipeline: Pipeline | Recipe | str, rank: int | None = None, wor
                  max_steps: int | None = None, group: Any = None, text_map: Callable | None = None,
                  text_filter: Callable | None = None, plan: Any = None,
                  program: CompiledPipeline | None = None, address: str | None = None,
-                 ray_options: Mapping[str, Any] | None = None, reuse_batch_memory: bool = True) -> ZephonLoader:
+                 ray_options: Mapping[str, Any] | None = None, reuse_batch_memory: bool = True,
+                 steps_ahead: int | None = None) -> ZephonLoader:
     """Build the loader of data-parallel ``rank`` of ``world_size`` for a pipeline (or a recipe or its path).
 
     ``rank``/``world_size`` default to the data-parallel process group (``group``, or the default
@@ -490,11 +510,16 @@ def build_loader(pipeline: Pipeline | Recipe | str, rank: int | None = None, wor
     a local one); ``ray_options``: :class:`zephon.engine.ray_executor.RayOptions`. None changes the
     batches, only the speed. A transform may pick its own
     executor kind (``executor=`` of the operator). ``prefetch``: items in flight per (lane, source, stage)
-    (thread, pool) or steps ahead (process). ``text_map``/``text_filter``: per-document text hooks of a
+    (thread, pool; default 2, up to 8 while the lanes wait for the workers; an int fixes it) or steps ahead
+    (process). ``text_map``/``text_filter``: per-document text hooks of a
     recipe (module-level functions for the pool and process runners). ``reuse_batch_memory``: a batch's
     large tensors (pixels) are written into the memory of an earlier batch that nothing refers to any
     more (:mod:`zephon.batch_buffers`); ``False`` allocates every batch afresh, for code that keeps a
-    batch's memory without a Python reference to it (a raw ``data_ptr()`` read later).
+    batch's memory without a Python reference to it (a raw ``data_ptr()`` read later). ``steps_ahead``:
+    with the thread, pool or ray runner and workers, the lanes' own work (merge, shuffle, pack, waiting for
+    the workers) runs on a background thread up to this many steps before the trainer asks (default 2;
+    0: when asked, on the trainer's thread), so that a lane's burst of work is absorbed while the model
+    computes (:mod:`zephon.engine.steps_ahead`); checkpoints still hold the delivered steps.
     """
     if rank is None or world_size is None:
         import torch.distributed as dist
@@ -506,4 +531,4 @@ def build_loader(pipeline: Pipeline | Recipe | str, rank: int | None = None, wor
             world_size = 1 if world_size is None else world_size
     return ZephonLoader(pipeline, rank, world_size, num_workers, runner, prefetch, max_steps, program,
                         text_map, text_filter, plan, group, address=address, ray_options=ray_options,
-                        reuse_batch_memory=reuse_batch_memory)
+                        reuse_batch_memory=reuse_batch_memory, steps_ahead=steps_ahead)

@@ -30,6 +30,9 @@ EXECUTOR_KINDS = ("inline", "thread", "process", "ray")
 
 
 class Handle(Protocol):
+    """A submitted task. A handle may also have ``done() -> bool`` (whether ``result()`` would return at
+    once): the lanes then read further ahead while the trainer waits (:class:`~zephon.engine.sources.ReadAhead`)."""
+
     def result(self) -> Any: ...
 
 
@@ -144,6 +147,9 @@ class _PoolHandle:
     def __init__(self, future: Future) -> None:
         self._future = future
         self._taken = False
+
+    def done(self) -> bool:
+        return self._future.done()
 
     def result(self) -> Any:
         try:

@@ -26,6 +26,7 @@ from .counters import LaneCounters
 from .executors import MAIN_GUARD_HINT, Executor, ThreadExecutor, check_picklable
 from .executors import InlineExecutor
 from .lane import Lane, LaneProgram, replay_with_events, row_digest, since_digest
+from .sources import ReadAhead
 from .processes import start_worker_server
 from .transfer import Outbox, discard, receive, share
 
@@ -34,7 +35,7 @@ class LocalLanes:
     """Lanes as torchdata nodes in this process."""
 
     def __init__(self, program: LaneProgram, lanes: Sequence[int], executor_for: Callable[[int, int], Executor],
-                 depth: int, events: list | None = None) -> None:
+                 depth: "int | ReadAhead", events: list | None = None) -> None:
         self.events = events if events is not None else []
         self._lanes = [Lane(program, lane, executor_for, depth, self.events) for lane in lanes]
 

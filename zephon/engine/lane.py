@@ -32,7 +32,7 @@ from .counters import LaneCounters
 from .executors import Executor
 from .nodes import AccumulatorNode, MergeNode
 from .sentinels import FlushPolicy
-from .sources import ChunkSource, EmptySourceWatch, SourceStream, StageBuffer
+from .sources import ChunkSource, EmptySourceWatch, ReadAhead, SourceStream, StageBuffer
 from .stages import StageProgram
 
 
@@ -80,7 +80,7 @@ class Lane(BaseNode[list[Row]]):
     """Yields the ``rows_per_lane`` rows of ``lane`` for each global step."""
 
     def __init__(self, program: LaneProgram, lane: int, executor_for: Callable[[int, int], Executor],
-                 depth: int, events: list | None = None) -> None:
+                 depth: "int | ReadAhead", events: list | None = None) -> None:
         super().__init__()
         self.program, self.lane, self.executor_for, self.depth = program, lane, executor_for, depth
         self._counters = LaneCounters()
@@ -242,7 +242,7 @@ class InterventionTooLate(ValueError):
 
 
 def replay_with_events(program: LaneProgram, lane: int, state: LaneState, events: list, expect: str,
-                       executor_for: Callable[[int, int], Executor], depth: int) -> "Lane":
+                       executor_for: Callable[[int, int], Executor], depth: "int | ReadAhead") -> "Lane":
     """A lane rebuilt at ``state`` with ``events`` in force, its delivered rows replayed and checked against
     ``expect`` (the digest of what was delivered): an intervention must not change delivered data."""
     fresh = Lane(program, lane, executor_for, depth, events)
@@ -253,7 +253,12 @@ def replay_with_events(program: LaneProgram, lane: int, state: LaneState, events
     return fresh
 
 
-def lane_depth(num_workers: int) -> int:
-    """Chunks in flight per (lane, source, stage): enough to keep workers busy, bounded for memory."""
-    return 2 if num_workers else 1
+READ_AHEAD_BASE, READ_AHEAD_MOST = 2, 8  # with workers, unless build(prefetch=N) fixes the depth
+
+
+def lane_depth(num_workers: int) -> ReadAhead | int:
+    """Chunks in flight per (lane, source, stage), for one loader's lanes: enough to keep workers busy,
+    bounded for memory. With workers, 2 while the trainer does not wait for them, up to 8 while it does
+    (:class:`~zephon.engine.sources.ReadAhead`, one per loader: pass the same one to all its lanes)."""
+    return ReadAhead(READ_AHEAD_BASE, READ_AHEAD_MOST) if num_workers else 1
 

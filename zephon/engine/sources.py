@@ -5,7 +5,8 @@ in order, and where the reader stands after each.
   a position.
 - :class:`StageBuffer` submits up to ``depth`` items ahead to an executor and hands results back strictly
   in submission order, whichever worker finishes first: the stateless work is parallel, the order the
-  accumulators see is not. One buffer per stage of the source's transforms.
+  accumulators see is not. One buffer per stage of the source's transforms. Its depth may adapt
+  (:class:`ReadAhead`); only when work is submitted depends on it, never what a lane sees.
 - :class:`SourceStream` turns the chunks into documents for the merge and keeps the source's position
   ``(unit_seq, cursor, skip)`` after the last document taken; it reports each completed chunk to the
   lane's :class:`~zephon.engine.sentinels.FlushPolicy`, and refuses a source that gives nothing for
@@ -55,13 +56,68 @@ class ChunkSource(BaseNode[ChunkTask]):
         return {"unit_seq": self._start[0], "cursor": self._start[1], "skip": self._start[2]}
 
 
+class ReadAhead:
+    """Items in flight per (lane, source, stage), shared by every stage buffer of a loader: ``base``, raised
+    by one each time the trainer is about to wait for a result (up to ``most``), and lowered by one after
+    ``settle`` results in a row, from any buffer, that were ready when asked for.
+
+    Why adapt, and why one depth for all: a lane takes its chunks in bursts (a packer hands out rows from
+    the documents it holds, then takes many at once), so with a fixed depth the shared workers run out of
+    tasks while every lane sits on finished chunks, and later the trainer waits. A wait anywhere raises
+    the depth everywhere, which keeps the workers busy; a trainer that never waits (the model is the
+    slower side) comes back to ``base`` finished chunks per buffer, since each costs memory (decoded
+    images: megabytes). Only when tasks are submitted depends on it, never what a lane sees.
+    """
+
+    def __init__(self, base: int, most: int, settle: int = 64) -> None:
+        if not 1 <= base <= most or settle < 1:
+            raise ValueError(f"ReadAhead needs 1 <= base <= most and settle >= 1, got base={base}, most={most}, "
+                             f"settle={settle}")
+        self.base, self.most, self.settle = base, most, settle
+        self.depth = base  # now
+        self._ready_run = 0  # results in a row that were ready when asked for
+
+    @classmethod
+    def of(cls, depth: "int | ReadAhead") -> "ReadAhead":
+        """``depth`` as a :class:`ReadAhead` (an int: a fixed depth of that many)."""
+        if isinstance(depth, ReadAhead):
+            return depth
+        return cls(max(1, int(depth)), max(1, int(depth)))
+
+    @property
+    def adapts(self) -> bool:
+        return self.most > self.base
+
+    def asked(self, ready: bool) -> None:
+        """A buffer hands out its next result, which was (or was not) ready when asked for."""
+        if not ready:
+            self.depth = min(self.depth + 1, self.most)
+            self._ready_run = 0
+            return
+        self._ready_run += 1
+        if self._ready_run >= self.settle and self.depth > self.base:
+            self.depth -= 1
+            self._ready_run = 0
+
+    def __repr__(self) -> str:
+        return f"ReadAhead(base={self.base}, most={self.most}, settle={self.settle}, depth={self.depth})"
+
+
+def _finished(handle: Any) -> bool | None:
+    """Whether a task handle's result is ready (``None``: the handle cannot tell, as an inline one)."""
+    done = getattr(handle, "done", None)
+    return done() if callable(done) else None
+
+
 class StageBuffer(BaseNode[Chunk]):
     """Runs stage ``stage`` of ``source`` on ``executor`` with ``depth`` items in flight; in order."""
 
-    def __init__(self, upstream: BaseNode, executor: Executor, source: int, stage: int, depth: int) -> None:
+    def __init__(self, upstream: BaseNode, executor: Executor, source: int, stage: int,
+                 depth: "int | ReadAhead") -> None:
         super().__init__()
         self.upstream, self.executor = upstream, executor
-        self.source, self.stage, self.depth = source, stage, max(1, depth)
+        self.source, self.stage = source, stage
+        self.read_ahead = ReadAhead.of(depth)
         self._pending: deque = deque()
         self._exhausted = False
 
@@ -70,6 +126,10 @@ class StageBuffer(BaseNode[Chunk]):
         self._pending.clear()
         self._exhausted = False
         self.upstream.reset(initial_state)
+
+    @property
+    def depth(self) -> int:
+        return self.read_ahead.depth
 
     def _fill(self, limit: int | None = None) -> None:
         limit = self.depth if limit is None else min(limit, self.depth)
@@ -108,7 +168,12 @@ class StageBuffer(BaseNode[Chunk]):
         self._fill()
         if not self._pending:
             raise StopIteration
-        result = self._pending.popleft().result()
+        head = self._pending.popleft()
+        if self.read_ahead.adapts:
+            ready = _finished(head)
+            if ready is not None:
+                self.read_ahead.asked(ready)
+        result = head.result()
         self._fill()  # keep the workers busy while the accumulators digest this chunk
         return result
 

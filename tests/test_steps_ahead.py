@@ -1,0 +1,152 @@
+"""Lanes computed ahead of the trainer on a background thread (``steps_ahead``, the default with workers):
+the same batches, checkpoints of the delivered steps only, interventions, errors and shutdown."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+import zephon as z
+from zephon import global_digest
+from zephon.engine.steps_ahead import StepsAhead
+
+from .test_curricula import CODE_HEAVY, pipeline, run_with_intervention
+
+STEPS = 16
+
+
+@pytest.fixture(scope="module")
+def tok(sp_model):
+    return z.tokenizer(str(sp_model))
+
+
+@pytest.fixture(scope="module")
+def pipe(corpus, tok):
+    return pipeline(corpus, tok, shuffle=6, flush_every=8)
+
+
+def run(pipe, steps: int, world: int = 1, **build) -> tuple[list[str], list[dict]]:
+    """Global hashes of ``steps`` steps, and the ranks' states after each step."""
+    loaders = [pipe.build(rank=r, world_size=world, **build) for r in range(world)]
+    hashes, states = [], []
+    for _ in range(steps):
+        hashes.append(global_digest([next(ld) for ld in loaders]))
+        states.append([ld.state_dict() for ld in loaders])
+    for ld in loaders:
+        ld.close()
+    return hashes, states
+
+
+def ahead_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == "zephon-steps-ahead"]
+
+
+def test_it_is_the_default_with_workers_only(pipe):
+    with pipe.build(num_workers=2, runner="thread") as loader:
+        assert isinstance(loader._host, StepsAhead) and loader._host.ahead == 2
+    with pipe.build(num_workers=2, runner="thread", steps_ahead=0) as loader:
+        assert not isinstance(loader._host, StepsAhead)
+    with pipe.build(num_workers=0) as loader:
+        assert not isinstance(loader._host, StepsAhead)
+    with pytest.raises(ValueError, match="steps_ahead must be >= 0"):
+        pipe.build(num_workers=2, steps_ahead=-1)
+
+
+@pytest.mark.parametrize("runner,ahead", [("thread", 1), ("thread", 3), ("pool", 2)])
+def test_same_batches_and_states_of_the_delivered_steps(pipe, runner, ahead):
+    """Every state taken between steps is the one the synchronous loader has at that step, although the
+    lanes have computed further: a checkpoint never counts steps that were computed but not delivered."""
+    reference = run(pipe, STEPS, world=2, num_workers=0)
+    assert run(pipe, STEPS, world=2, num_workers=2, runner=runner, steps_ahead=ahead) == reference
+
+
+def test_the_thread_computes_ahead_and_a_resume_elsewhere_continues_exactly(pipe):
+    hashes, _ = run(pipe, STEPS, num_workers=0)
+    loader = pipe.build(rank=0, world_size=2, num_workers=2, runner="thread", steps_ahead=3)
+    other = pipe.build(rank=1, world_size=2, num_workers=2, runner="thread", steps_ahead=3)
+    for step in range(6):
+        assert global_digest([next(loader), next(other)]) == hashes[step]
+    deadline = time.monotonic() + 60
+    while loader._host._queue.qsize() < 3 and time.monotonic() < deadline:  # it fills its queue meanwhile
+        time.sleep(0.01)
+    assert loader._host._queue.qsize() == 3
+    state = z.merge_states([loader.state_dict(), other.state_dict()])
+    assert state["step"] == 6
+    loader.close()
+    other.close()
+    resumed = [pipe.build(rank=r, world_size=4, num_workers=2, runner="thread") for r in range(4)]
+    for ld in resumed:
+        ld.load_state_dict(state)
+    for step in range(6, STEPS):
+        assert global_digest([next(ld) for ld in resumed]) == hashes[step]
+    for ld in resumed:
+        ld.close()
+
+
+@pytest.mark.parametrize("call_at", [5, 7])
+def test_an_intervention_with_steps_computed_ahead(pipe, call_at):
+    """After step 7 some lanes' mixers (and, here, the steps computed ahead) have decided documents for
+    step 10: they are rebuilt at their delivered states and replayed, and nothing delivered changes."""
+    reference, _ = run_with_intervention(pipe, 1, 0, 10, CODE_HEAVY)
+    hashes, rebuilt = run_with_intervention(pipe, 2, call_at, 10, CODE_HEAVY, runner="thread", workers=2)
+    assert hashes == reference and (call_at == 5 or sum(rebuilt) > 0)
+
+
+def test_a_refused_intervention_leaves_the_stream_as_it_was(pipe):
+    plain, _ = run(pipe, STEPS, num_workers=0)
+    loader = pipe.build(num_workers=2, runner="thread", steps_ahead=3)
+    got = [global_digest([next(loader)]) for _ in range(6)]
+    time.sleep(0.2)  # let the thread run ahead
+    with pytest.raises(ValueError, match="aim further ahead"):
+        loader.set_mixture(CODE_HEAVY, at_step=7)
+    assert loader.events == []
+    got += [global_digest([next(loader)]) for _ in range(6, STEPS)]
+    loader.close()
+    assert got == plain
+
+
+def fails_at_record_40(record: dict) -> dict:
+    fails_at_record_40.seen += 1
+    if fails_at_record_40.seen == 40:
+        raise KeyError("no field 'x' here")
+    return record
+
+
+def test_an_error_reaches_the_trainer_and_the_loader_stays_stopped(corpus, tok):
+    fails_at_record_40.seen = 0
+    pipe = (z.Pipeline(seed=3, lanes=2).source("web", z.read.parquet(str(corpus / "web"), chunk_rows=4))
+            .map(fails_at_record_40).tokenize(tok).pack(seq_len=64).batch(rows_per_lane=1))
+    loader = pipe.build(num_workers=2, runner="thread")
+    with pytest.raises(Exception, match="no field 'x' here") as raised:
+        for _ in range(200):
+            next(loader)
+    assert "fails_at_record_40" in str(raised.value)  # the map's own error, naming the operator
+    with pytest.raises(RuntimeError, match="stopped at an error.*rebuild the loader"):
+        next(loader)
+    loader.close()
+    assert not ahead_threads()
+
+
+def test_close_stops_the_thread_even_with_a_full_queue(pipe):
+    before = len(ahead_threads())
+    loader = pipe.build(num_workers=2, runner="thread", steps_ahead=2)
+    next(loader)
+    deadline = time.monotonic() + 60
+    while loader._host._queue.qsize() < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert len(ahead_threads()) == before + 1
+    loader.close()
+    assert len(ahead_threads()) == before
+
+
+def test_batches_are_collated_on_the_thread(pipe):
+    reference, _ = run(pipe, 6, num_workers=0)
+    loader = pipe.build(num_workers=2, runner="thread")
+    made_on, collate = [], loader._host.collate
+    loader._host.collate = lambda rows: (made_on.append(threading.current_thread().name), collate(rows))[1]
+    got = [global_digest([next(loader)]) for _ in range(6)]
+    loader.close()
+    assert got == reference
+    assert len(made_on) >= 6 and set(made_on) == {"zephon-steps-ahead"}

@@ -1,0 +1,153 @@
+"""A rank's lanes computed a few steps ahead of the trainer, on one background thread of its process.
+
+With worker threads or processes the stateless work (read, decode, tokenize) already runs beside the
+trainer, but the lanes' serial work does not: the merge, the accumulators (shuffle, pack) and the waits
+for workers' results happen when the trainer asks for a step. A packing lane takes its documents in
+bursts (after a sentinel it refills every open row before it hands one out), so a trainer whose model
+is the slower side would still stall at those steps, for as long as the workers take to decode the
+burst. :class:`StepsAhead` runs :class:`~zephon.engine.hosts.LocalLanes` on a thread that keeps up to
+``ahead`` steps of rows ready, so that a burst is absorbed while the model computes.
+
+What the trainer sees does not change: the rows are the same lanes' rows in the same order (the thread
+only computes them earlier), a checkpoint holds the states of the steps *delivered* (each queued step
+carries the lanes' states after it), and a mixture intervention stops the thread, drops the steps
+computed ahead and rebuilds the lanes at their delivered states before it applies (as the lane-process
+host does). Given ``collate``, the thread also collates each step's batch (tens of megabytes of pixels
+for a vision-language batch), so that the trainer's ``next()`` is a queue read.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from typing import Any, Callable
+
+from ..records import Row
+from ..state.lane import LaneState
+from .counters import LaneCounters
+from .hosts import LocalLanes
+
+
+class StepsAhead:
+    """:class:`LocalLanes` stepped by a background thread, up to ``ahead`` steps before the trainer."""
+
+    def __init__(self, lanes: LocalLanes, ahead: int, collate: Callable[[list], Any] | None = None) -> None:
+        if ahead < 1:
+            raise ValueError(f"StepsAhead needs ahead >= 1, got {ahead}")
+        self.inner, self.ahead, self.collate = lanes, ahead, collate
+        self._batch: tuple[list, Any] | None = None  # the delivered step's rows and their batch
+        self.events = lanes.events
+        self._lock = threading.Lock()  # held while the thread computes a step: the lanes are not shared
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+        self._queue: queue.Queue = queue.Queue(maxsize=ahead)
+        self._delivered: dict[int, dict] = {}
+        self._failed: BaseException | None = None
+
+    # -- the thread -----------------------------------------------------------------------------
+    def _run(self, stop: threading.Event, out: queue.Queue) -> None:
+        try:
+            while not stop.is_set():
+                with self._lock:
+                    if stop.is_set():
+                        return
+                    rows = self.inner.next_step()
+                    states = self.inner.states()
+                rows_flat = [row for lane_rows in rows for row in lane_rows]
+                item: tuple = ("step", rows, states, (rows_flat, self.collate(rows_flat)) if self.collate else None)
+                while not stop.is_set():
+                    try:
+                        out.put(item, timeout=0.1)
+                        break
+                    except queue.Full:
+                        pass
+        except BaseException as exc:  # the trainer raises it at the step it belongs to
+            out.put(("error", exc, None, None))
+
+    def _start(self) -> None:
+        self._stop = threading.Event()
+        self._queue = queue.Queue(maxsize=self.ahead)
+        self._thread = threading.Thread(target=self._run, args=(self._stop, self._queue),
+                                        name="zephon-steps-ahead", daemon=True)
+        self._thread.start()
+
+    def _halt(self) -> None:
+        """Stop the thread and drop the steps it computed ahead (the lanes are then past delivery)."""
+        if self._thread is None:
+            return
+        self._stop.set()
+        while self._thread.is_alive():
+            try:  # a thread waiting to put a step gets room
+                self._queue.get_nowait()
+            except queue.Empty:
+                pass
+            self._thread.join(timeout=0.05)
+        self._thread = None
+
+    # -- the host interface ---------------------------------------------------------------------
+    def reset(self, states: dict[int, LaneState]) -> None:
+        self._halt()
+        self._failed = None
+        self.inner.reset(states)
+        self._delivered = self.inner.states()
+
+    def next_step(self) -> list[list[Row]]:
+        if self._failed is not None:
+            raise RuntimeError(f"the loader's lanes stopped at an error ({type(self._failed).__name__}: "
+                               f"{self._failed}); rebuild the loader, or load a checkpoint state into it") \
+                from self._failed
+        if self._thread is None:
+            self._start()
+        kind, rows, states, batch = self._queue.get()
+        if kind == "error":
+            self._failed = rows
+            self._thread = None
+            raise rows
+        self._delivered, self._batch = states, batch
+        return rows
+
+    def take_batch(self, rows: list) -> Any:
+        """The batch the thread collated for the step just delivered, if ``rows`` are that step's rows
+        (``None`` otherwise: the caller collates)."""
+        made, self._batch = self._batch, None
+        if made is None or len(made[0]) != len(rows) or any(a is not b for a, b in zip(made[0], rows)):
+            return None
+        return made[1]
+
+    def states(self) -> dict[int, dict]:
+        """The lanes' states after the last step delivered to the trainer (not the ones computed ahead)."""
+        return dict(self._delivered)
+
+    def counters(self) -> dict[int, LaneCounters]:
+        """What the lanes did, including the steps computed ahead (metrics run a little ahead of delivery)."""
+        with self._lock:
+            return {lane: _copy(c) for lane, c in self.inner.counters().items()}
+
+    def apply_event(self, at_step: int) -> int:
+        """An intervention (already the last of ``events``): the lanes go back to the delivered steps and
+        replay them without it, as they were made, then :meth:`LocalLanes.apply_event` applies it."""
+        self._halt()
+        before = {lane: _copy(c) for lane, c in self.inner.counters().items()}
+        event = self.events.pop()
+        try:
+            self.inner.reset(self._delivered)
+            for lane in self.inner._lanes:
+                lane.skip_delivered()  # the merge's decisions as far as delivery took them, to check against
+        finally:
+            self.events.append(event)
+        for lane in self.inner._lanes:
+            lane.counters.merge(before[lane.lane])
+        return self.inner.apply_event(at_step)
+
+    def close(self) -> None:
+        self._halt()
+        self.inner.close()
+
+
+def _copy(counters: LaneCounters) -> LaneCounters:
+    out = LaneCounters()
+    out.merge(counters)
+    return out
+
+
+__all__ = ["StepsAhead"]
