@@ -150,3 +150,18 @@ def test_batches_are_collated_on_the_thread(pipe):
     loader.close()
     assert got == reference
     assert len(made_on) >= 6 and set(made_on) == {"zephon-steps-ahead"}
+
+
+def test_a_loader_dropped_without_close_stops_its_thread(pipe):
+    import gc
+
+    before = len(ahead_threads())
+    loader = pipe.build(num_workers=2, runner="thread")
+    next(loader)
+    assert len(ahead_threads()) == before + 1
+    del loader
+    deadline = time.monotonic() + 30
+    while len(ahead_threads()) > before and time.monotonic() < deadline:
+        gc.collect()  # the loader and its lanes refer to each other; a step in progress holds them a moment
+        time.sleep(0.05)
+    assert len(ahead_threads()) == before

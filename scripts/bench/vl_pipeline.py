@@ -24,10 +24,14 @@ into rows of 4096 tokens with their patches (at most 16,384 patches a row: four 
                        -> batch(rows_per_lane=1), 8 lanes; pixel_values flat uint8 [total_patches, 588]
   zephon_W_*_fresh     the same with build(reuse_batch_memory=False): every batch's pixel tensor in fresh
                        memory (information only: what reusing batch memory is worth; no target)
+  zephon_W_thread_prefetch8  a fixed read-ahead of 8 tasks per lane (build(prefetch=8))
+  zephon_W_thread_sync2      the defaults before adaptive read-ahead and steps ahead (prefetch=2,
+                       steps_ahead=0: the lanes' work on the trainer's thread); information only
 
 Reported: usable (non-padding) tokens/s, images/s, padding share, each over all timed windows together
 (what they delivered over the seconds they took; ``images_per_s_windows`` keeps each window's rate), and
-the CPU time per image of the trainer's thread (the one that calls next(): lanes, packing, collation). A
+the CPU time per image of the trainer's thread (the one that calls next(); with workers Zephon's lanes,
+packing and collation run on its steps-ahead thread instead, with ``steps_ahead=0`` on this one). A
 packing pipeline delivers in bursts: a lane decodes a task of 16 images, then hands out rows it packed for
 several batches, so windows of 8 batches ranged over 2x (300-615 images/s) and their median overstated
 Zephon inline by a quarter against its long-run rate (BENCHMARKS.md 8b). The targets as ratios inside each round:
@@ -191,7 +195,7 @@ def build(kind: str, data: Path, workers: int, params: dict):
     if kind == "zephon":
         loader = zephon_pipeline(data).build(rank=0, world_size=1, num_workers=workers, runner=params["runner"],
                                              reuse_batch_memory=params.get("reuse_batch_memory", True),
-                                             prefetch=params.get("prefetch"))
+                                             prefetch=params.get("prefetch"), steps_ahead=params.get("steps_ahead"))
         return iter(loader), loader.close
     raise ValueError(kind)
 
@@ -219,9 +223,12 @@ def configs() -> list[dict[str, Any]]:
                       "params": {"algorithm": "best_fit", "runner": r}})
         c.append({"name": f"zephon_{w}_thread_fresh", "kind": "zephon", "workers": w, "runner": "thread",
                   "params": {"algorithm": "best_fit", "runner": "thread", "reuse_batch_memory": False}})
-        # deeper read-ahead: 8 tasks per lane in flight instead of lane_depth()'s 2 (build(prefetch=8))
+        # a fixed read-ahead of 8 tasks per lane, instead of the default's 2 rising to 8 while lanes wait
         c.append({"name": f"zephon_{w}_thread_prefetch8", "kind": "zephon", "workers": w, "runner": "thread",
                   "params": {"algorithm": "best_fit", "runner": "thread", "prefetch": 8}})
+        # the defaults before ReadAhead and StepsAhead: 2 tasks per lane, lanes on the trainer's thread
+        c.append({"name": f"zephon_{w}_thread_sync2", "kind": "zephon", "workers": w, "runner": "thread",
+                  "params": {"algorithm": "best_fit", "runner": "thread", "prefetch": 2, "steps_ahead": 0}})
     return c
 
 
@@ -259,7 +266,7 @@ def run_config(task: dict[str, Any]) -> dict[str, Any]:
         n, t = counts(cfg["kind"], b)
         imgs.append(n)
         toks.append(t)
-        cpu.append(time.thread_time())  # the trainer's thread: it calls next() and collates
+        cpu.append(time.thread_time())  # the trainer's thread: it calls next() (and collates, inline)
 
     res = measure_stream(make, task["steps"] * (4 if cfg["kind"] == "decoder_alone" else 1),
                          task["warmup"], task["repeats"], 1, check=check, on_batch=on_batch,

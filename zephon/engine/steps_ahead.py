@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import queue
 import threading
+import weakref
 from typing import Any, Callable
 
 from ..records import Row
@@ -45,29 +46,23 @@ class StepsAhead:
         self._failed: BaseException | None = None
 
     # -- the thread -----------------------------------------------------------------------------
-    def _run(self, stop: threading.Event, out: queue.Queue) -> None:
-        try:
-            while not stop.is_set():
-                with self._lock:
-                    if stop.is_set():
-                        return
-                    rows = self.inner.next_step()
-                    states = self.inner.states()
-                rows_flat = [row for lane_rows in rows for row in lane_rows]
-                item: tuple = ("step", rows, states, (rows_flat, self.collate(rows_flat)) if self.collate else None)
-                while not stop.is_set():
-                    try:
-                        out.put(item, timeout=0.1)
-                        break
-                    except queue.Full:
-                        pass
-        except BaseException as exc:  # the trainer raises it at the step it belongs to
-            out.put(("error", exc, None, None))
+    def _step(self, stop: threading.Event) -> tuple | None:
+        """The next step's rows, the lanes' states after it and (given ``collate``) its batch."""
+        with self._lock:
+            if stop.is_set():
+                return None
+            rows = self.inner.next_step()
+            states = self.inner.states()
+        flat = [row for lane_rows in rows for row in lane_rows]
+        return ("step", rows, states, (flat, self.collate(flat)) if self.collate else None)
 
     def _start(self) -> None:
-        self._stop = threading.Event()
+        self._stop = stop = threading.Event()
         self._queue = queue.Queue(maxsize=self.ahead)
-        self._thread = threading.Thread(target=self._run, args=(self._stop, self._queue),
+        # the thread holds this host only while it computes a step, so a loader dropped without close()
+        # is collected, and this stops its thread
+        weakref.finalize(self, stop.set)
+        self._thread = threading.Thread(target=_run_ahead, args=(weakref.ref(self), stop, self._queue),
                                         name="zephon-steps-ahead", daemon=True)
         self._thread.start()
 
@@ -142,6 +137,31 @@ class StepsAhead:
     def close(self) -> None:
         self._halt()
         self.inner.close()
+
+
+def _run_ahead(ref: "weakref.ref[StepsAhead]", stop: threading.Event, out: queue.Queue) -> None:
+    """The thread: steps into ``out`` until ``stop`` is set or its host is gone; an error is handed over."""
+    def put(item: tuple) -> None:
+        while not stop.is_set():
+            try:
+                out.put(item, timeout=0.1)
+                return
+            except queue.Full:
+                if ref() is None:
+                    return
+
+    try:
+        while not stop.is_set():
+            host = ref()
+            if host is None:
+                return
+            item = host._step(stop)
+            del host
+            if item is None:
+                return
+            put(item)
+    except BaseException as exc:  # the trainer raises it at the step it belongs to
+        put(("error", exc, None, None))
 
 
 def _copy(counters: LaneCounters) -> LaneCounters:
