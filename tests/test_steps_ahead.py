@@ -165,3 +165,23 @@ def test_a_loader_dropped_without_close_stops_its_thread(pipe):
         gc.collect()  # the loader and its lanes refer to each other; a step in progress holds them a moment
         time.sleep(0.05)
     assert len(ahead_threads()) == before
+
+
+def test_metrics_and_state_before_the_first_step(pipe):
+    with pipe.build(num_workers=2, runner="thread") as loader:
+        assert loader.metrics()["step"] == 0 and loader.state_dict()["step"] == 0
+        assert set(loader.metrics()["lanes"]) == set(loader.lanes)
+
+
+def test_an_executor_shared_by_loaders_keeps_them_on_the_callers_thread(pipe):
+    from zephon.engine.executors import make_executor
+
+    program = pipe.compile()
+    executor = make_executor("thread", program.stages, 2)
+    try:
+        loaders = [pipe.build(rank=r, world_size=2, runner=executor, program=program) for r in range(2)]
+        assert not any(isinstance(ld._host, StepsAhead) for ld in loaders)
+        for ld in loaders:
+            ld.close()
+    finally:
+        executor.close()

@@ -114,7 +114,8 @@ def test_loaders_leave_no_files_closed_mid_step_or_resumed(runner):
     pipe = _pipe()
     ref = [b["blob"] for _, b in zip(range(6), pipe.build(rank=0, world_size=1))]
     before = _outboxes()
-    loader = pipe.build(rank=0, world_size=1, num_workers=2, runner=runner)
+    # pool: a fixed read-ahead of 2 (the default rises to 8 while lanes wait), for the bound below
+    loader = pipe.build(rank=0, world_size=1, num_workers=2, runner=runner, **({"prefetch": 2} if runner == "pool" else {}))
     it = iter(loader)
     assert [next(it)["blob"] for _ in range(3)] == ref[:3]
     state = loader.state_dict()

@@ -135,8 +135,9 @@ class ZephonLoader:
         if steps_ahead is not None and steps_ahead < 0:
             raise ValueError(f"steps_ahead must be >= 0, got {steps_ahead}")
         if isinstance(self._host, LocalLanes):
-            workers = runner.num_workers if not isinstance(runner, str) else num_workers
-            ahead = (STEPS_AHEAD if workers else 0) if steps_ahead is None else steps_ahead
+            # an executor shared by several loaders (zephon.verify): one caller steps them all, in turn
+            ahead = (STEPS_AHEAD if num_workers and isinstance(runner, str) else 0) if steps_ahead is None \
+                else steps_ahead
             if ahead:  # the thread collates too: the trainer's next() is a queue read
                 self._host = StepsAhead(self._host, ahead, collate=self._collate)
         self.node: BaseNode[dict] = _RankNode(self)
@@ -517,9 +518,10 @@ def build_loader(pipeline: Pipeline | Recipe | str, rank: int | None = None, wor
     more (:mod:`zephon.batch_buffers`); ``False`` allocates every batch afresh, for code that keeps a
     batch's memory without a Python reference to it (a raw ``data_ptr()`` read later). ``steps_ahead``:
     with the thread, pool or ray runner and workers, the lanes' own work (merge, shuffle, pack, waiting for
-    the workers) runs on a background thread up to this many steps before the trainer asks (default 2;
-    0: when asked, on the trainer's thread), so that a lane's burst of work is absorbed while the model
-    computes (:mod:`zephon.engine.steps_ahead`); checkpoints still hold the delivered steps.
+    the workers) and the collation run on a background thread up to this many steps before the trainer
+    asks (default 2; 0, and the default with an executor passed as ``runner``: when asked, on the
+    trainer's thread), so that a lane's burst of work is absorbed while the model computes
+    (:mod:`zephon.engine.steps_ahead`); checkpoints still hold the delivered steps.
     """
     if rank is None or world_size is None:
         import torch.distributed as dist

@@ -42,7 +42,7 @@ class StepsAhead:
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self._queue: queue.Queue = queue.Queue(maxsize=ahead)
-        self._delivered: dict[int, dict] = {}
+        self._delivered: dict[int, dict] = lanes.states()  # the lanes' states after the last step delivered
         self._failed: BaseException | None = None
 
     # -- the thread -----------------------------------------------------------------------------
