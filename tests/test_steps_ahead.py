@@ -1,5 +1,6 @@
-"""Lanes computed ahead of the trainer on a background thread (``steps_ahead``, the default with workers):
-the same batches, checkpoints of the delivered steps only, interventions, errors and shutdown."""
+"""Lanes computed ahead of the trainer on a background thread (``steps_ahead``; the default for pipelines
+that pack images, with workers): the same batches, pixels included, checkpoints of the delivered steps
+only, interventions, errors and shutdown. The text pipeline here asks for it explicitly."""
 
 from __future__ import annotations
 
@@ -9,10 +10,13 @@ import time
 import pytest
 
 import zephon as z
+import zephon.loader
 from zephon import global_digest
 from zephon.engine.steps_ahead import StepsAhead
 
 from .test_curricula import CODE_HEAVY, pipeline, run_with_intervention
+from .test_vision_batches import data, vl_tok  # noqa: F401 - fixtures
+from .test_vision_batches import pipeline as vl_pipeline
 
 STEPS = 16
 
@@ -43,15 +47,41 @@ def ahead_threads() -> list[threading.Thread]:
     return [t for t in threading.enumerate() if t.name == "zephon-steps-ahead"]
 
 
-def test_it_is_the_default_with_workers_only(pipe):
-    with pipe.build(num_workers=2, runner="thread") as loader:
-        assert isinstance(loader._host, StepsAhead) and loader._host.ahead == 2
-    with pipe.build(num_workers=2, runner="thread", steps_ahead=0) as loader:
+def test_on_by_default_for_pipelines_that_pack_images_with_workers(pipe, data, vl_tok):  # noqa: F811 - fixtures
+    images = vl_pipeline(data, vl_tok, lanes=4)
+    for runner in ("thread", "pool"):
+        with images.build(num_workers=2, runner=runner) as loader:
+            assert isinstance(loader._host, StepsAhead) and loader._host.ahead == 2
+    with images.build(num_workers=0) as loader:  # inline: nothing runs ahead
         assert not isinstance(loader._host, StepsAhead)
-    with pipe.build(num_workers=0) as loader:
+    with pipe.build(num_workers=2, runner="thread") as loader:  # text: off unless asked for
+        assert not isinstance(loader._host, StepsAhead)
+    with pipe.build(num_workers=2, runner="thread", steps_ahead=3) as loader:
+        assert isinstance(loader._host, StepsAhead) and loader._host.ahead == 3
+    with images.build(num_workers=2, runner="thread", steps_ahead=0) as loader:
         assert not isinstance(loader._host, StepsAhead)
     with pytest.raises(ValueError, match="steps_ahead must be >= 0"):
         pipe.build(num_workers=2, steps_ahead=-1)
+
+
+def test_image_batches_are_the_same_and_resume_on_another_world_size(data, vl_tok):  # noqa: F811 - fixtures
+    """Pixels, grids and mrope positions included: the digest covers every tensor of the batch."""
+    images = vl_pipeline(data, vl_tok, lanes=8)
+    reference, _ = run(images, 8, num_workers=0)
+    loaders = [images.build(rank=r, world_size=2, num_workers=2, runner="thread") for r in range(2)]
+    for step in range(4):
+        assert global_digest([next(ld) for ld in loaders]) == reference[step]
+    state = z.merge_states([ld.state_dict() for ld in loaders])
+    for ld in loaders:
+        ld.close()
+    resumed = [images.build(rank=r, world_size=4, num_workers=2, runner="pool") for r in range(4)]
+    for ld in resumed:
+        assert isinstance(ld._host, StepsAhead)
+        ld.load_state_dict(state)
+    for step in range(4, 8):
+        assert global_digest([next(ld) for ld in resumed]) == reference[step]
+    for ld in resumed:
+        ld.close()
 
 
 @pytest.mark.parametrize("runner,ahead", [("thread", 1), ("thread", 3), ("pool", 2)])
@@ -86,12 +116,15 @@ def test_the_thread_computes_ahead_and_a_resume_elsewhere_continues_exactly(pipe
 
 
 @pytest.mark.parametrize("call_at", [5, 7])
-def test_an_intervention_with_steps_computed_ahead(pipe, call_at):
+def test_an_intervention_with_steps_computed_ahead(pipe, call_at, monkeypatch):
     """After step 7 some lanes' mixers (and, here, the steps computed ahead) have decided documents for
     step 10: they are rebuilt at their delivered states and replayed, and nothing delivered changes."""
     reference, _ = run_with_intervention(pipe, 1, 0, 10, CODE_HEAVY)
+    built = []
+    monkeypatch.setattr(zephon.loader, "default_steps_ahead", lambda *a: built.append(a[1]) or (2 if a[1] else 0))
     hashes, rebuilt = run_with_intervention(pipe, 2, call_at, 10, CODE_HEAVY, runner="thread", workers=2)
     assert hashes == reference and (call_at == 5 or sum(rebuilt) > 0)
+    assert built and all(n == 2 for n in built)  # every loader of the run had its lanes computed ahead
 
 
 def test_a_refused_intervention_leaves_the_stream_as_it_was(pipe):
@@ -118,7 +151,7 @@ def test_an_error_reaches_the_trainer_and_the_loader_stays_stopped(corpus, tok):
     fails_at_record_40.seen = 0
     pipe = (z.Pipeline(seed=3, lanes=2).source("web", z.read.parquet(str(corpus / "web"), chunk_rows=4))
             .map(fails_at_record_40).tokenize(tok).pack(seq_len=64).batch(rows_per_lane=1))
-    loader = pipe.build(num_workers=2, runner="thread")
+    loader = pipe.build(num_workers=2, runner="thread", steps_ahead=2)
     with pytest.raises(Exception, match="no field 'x' here") as raised:
         for _ in range(200):
             next(loader)
@@ -143,7 +176,7 @@ def test_close_stops_the_thread_even_with_a_full_queue(pipe):
 
 def test_batches_are_collated_on_the_thread(pipe):
     reference, _ = run(pipe, 6, num_workers=0)
-    loader = pipe.build(num_workers=2, runner="thread")
+    loader = pipe.build(num_workers=2, runner="thread", steps_ahead=2)
     made_on, collate = [], loader._host.collate
     loader._host.collate = lambda rows: (made_on.append(threading.current_thread().name), collate(rows))[1]
     got = [global_digest([next(loader)]) for _ in range(6)]
@@ -156,7 +189,7 @@ def test_a_loader_dropped_without_close_stops_its_thread(pipe):
     import gc
 
     before = len(ahead_threads())
-    loader = pipe.build(num_workers=2, runner="thread")
+    loader = pipe.build(num_workers=2, runner="thread", steps_ahead=2)
     next(loader)
     assert len(ahead_threads()) == before + 1
     del loader
@@ -168,7 +201,8 @@ def test_a_loader_dropped_without_close_stops_its_thread(pipe):
 
 
 def test_metrics_and_state_before_the_first_step(pipe):
-    with pipe.build(num_workers=2, runner="thread") as loader:
+    with pipe.build(num_workers=2, runner="thread", steps_ahead=2) as loader:
+        assert isinstance(loader._host, StepsAhead)
         assert loader.metrics()["step"] == 0 and loader.state_dict()["step"] == 0
         assert set(loader.metrics()["lanes"]) == set(loader.lanes)
 

@@ -28,7 +28,21 @@ from .state.checkpoint import STATE_FORMAT, STATE_VERSION, check_compatible, che
 from .state.lane import LaneState, StateError
 
 RUNNERS = ("thread", "pool", "process", "ray", "ray-lanes")
-STEPS_AHEAD = 2  # thread, pool and ray runners with workers: steps the lanes compute before the trainer asks
+STEPS_AHEAD = 2  # steps the lanes compute before the trainer asks, where default_steps_ahead() says so
+
+
+def default_steps_ahead(program: CompiledPipeline, num_workers: int, runner: str | Executor) -> int:
+    """``STEPS_AHEAD`` for a pipeline that packs images, with workers; else 0 (see BENCHMARKS.md 8e).
+
+    Packing lanes whose documents are decoded images take them in bursts of seconds of decoding, which a
+    trainer whose model is the slower side would otherwise wait out, and a step's collation copies tens of
+    megabytes. A text or fetch-only pipeline's lane work is a few milliseconds of Python a step, which a
+    second Python thread would only contend with for the GIL (fetch-and-batch ran 7-18% slower with it).
+    An executor passed as ``runner`` is shared by loaders that one caller steps in turn (zephon.verify).
+    """
+    if not num_workers or not isinstance(runner, str) or program.images is None:
+        return 0
+    return STEPS_AHEAD
 _RUNNER_KIND = {"thread": "thread", "pool": "process"}  # the executor kind behind each chunk runner
 
 
@@ -135,9 +149,7 @@ class ZephonLoader:
         if steps_ahead is not None and steps_ahead < 0:
             raise ValueError(f"steps_ahead must be >= 0, got {steps_ahead}")
         if isinstance(self._host, LocalLanes):
-            # an executor shared by several loaders (zephon.verify): one caller steps them all, in turn
-            ahead = (STEPS_AHEAD if num_workers and isinstance(runner, str) else 0) if steps_ahead is None \
-                else steps_ahead
+            ahead = default_steps_ahead(self.program, num_workers, runner) if steps_ahead is None else steps_ahead
             if ahead:  # the thread collates too: the trainer's next() is a queue read
                 self._host = StepsAhead(self._host, ahead, collate=self._collate)
         self.node: BaseNode[dict] = _RankNode(self)
@@ -519,9 +531,10 @@ def build_loader(pipeline: Pipeline | Recipe | str, rank: int | None = None, wor
     batch's memory without a Python reference to it (a raw ``data_ptr()`` read later). ``steps_ahead``:
     with the thread, pool or ray runner and workers, the lanes' own work (merge, shuffle, pack, waiting for
     the workers) and the collation run on a background thread up to this many steps before the trainer
-    asks (default 2; 0, and the default with an executor passed as ``runner``: when asked, on the
-    trainer's thread), so that a lane's burst of work is absorbed while the model computes
-    (:mod:`zephon.engine.steps_ahead`); checkpoints still hold the delivered steps.
+    asks, so that a lane's burst of work is absorbed while the model computes
+    (:mod:`zephon.engine.steps_ahead`); 0: when asked, on the trainer's thread. Default: 2 for a pipeline
+    that packs images, with workers, else 0 (:func:`default_steps_ahead`). Checkpoints hold the delivered
+    steps either way.
     """
     if rank is None or world_size is None:
         import torch.distributed as dist
