@@ -79,8 +79,9 @@ def test_a_fixed_depth_never_moves():
 
 
 def test_read_ahead_defaults_and_validation():
-    assert lane_depth(0) == 1  # inline: nothing is computed ahead
-    first, second = lane_depth(2), lane_depth(2)
+    assert lane_depth(0) == 1 == lane_depth(0, bursty=True)  # inline: nothing is computed ahead
+    assert lane_depth(2) == 2  # light tasks: a fixed depth
+    first, second = lane_depth(2, bursty=True), lane_depth(2, bursty=True)
     assert (first.base, first.most, first.depth) == (READ_AHEAD_BASE, READ_AHEAD_MOST, READ_AHEAD_BASE) == (2, 8, 2)
     assert first is not second  # one per loader: loaders do not share their workers' load
     fixed = ReadAhead.of(5)

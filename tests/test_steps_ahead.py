@@ -12,6 +12,7 @@ import pytest
 import zephon as z
 import zephon.loader
 from zephon import global_digest
+from zephon.engine.sources import ReadAhead
 from zephon.engine.steps_ahead import StepsAhead
 
 from .test_curricula import CODE_HEAVY, pipeline, run_with_intervention
@@ -43,6 +44,10 @@ def run(pipe, steps: int, world: int = 1, **build) -> tuple[list[str], list[dict
     return hashes, states
 
 
+def read_ahead(lanes) -> ReadAhead:
+    return ReadAhead.of(lanes._lanes[0].depth)  # what each of the lanes' stage buffers is given
+
+
 def ahead_threads() -> list[threading.Thread]:
     return [t for t in threading.enumerate() if t.name == "zephon-steps-ahead"]
 
@@ -52,10 +57,12 @@ def test_on_by_default_for_pipelines_that_pack_images_with_workers(pipe, data, v
     for runner in ("thread", "pool"):
         with images.build(num_workers=2, runner=runner) as loader:
             assert isinstance(loader._host, StepsAhead) and loader._host.ahead == 2
+            assert read_ahead(loader._host.inner).adapts  # and the read-ahead follows the lanes' bursts
     with images.build(num_workers=0) as loader:  # inline: nothing runs ahead
         assert not isinstance(loader._host, StepsAhead)
     with pipe.build(num_workers=2, runner="thread") as loader:  # text: off unless asked for
         assert not isinstance(loader._host, StepsAhead)
+        assert not read_ahead(loader._host).adapts and read_ahead(loader._host).depth == 2
     with pipe.build(num_workers=2, runner="thread", steps_ahead=3) as loader:
         assert isinstance(loader._host, StepsAhead) and loader._host.ahead == 3
     with images.build(num_workers=2, runner="thread", steps_ahead=0) as loader:

@@ -128,7 +128,7 @@ class ZephonLoader:
             self._default_kind, self._executors[runner.kind] = runner.kind, runner
             self._own_executors = False
             self._host: LocalLanes | ProcessLanes | StepsAhead = LocalLanes(self.program, self.lanes, self._executor_for,
-                                                               prefetch or lane_depth(runner.num_workers), self.events)
+                                                               prefetch or lane_depth(runner.num_workers, self.program.images is not None), self.events)
         elif runner == "process" and num_workers > 0:
             self._host = ProcessLanes(self.pipeline, self.program, self.lanes, num_workers, prefetch or 4, self.events)
         elif runner == "ray-lanes" and num_workers > 0:
@@ -139,7 +139,7 @@ class ZephonLoader:
         elif runner in RUNNERS or runner in EXECUTOR_KINDS:
             self._default_kind = _RUNNER_KIND.get(runner, runner) if num_workers else "inline"
             self._host = LocalLanes(self.program, self.lanes, self._executor_for,
-                                    prefetch or lane_depth(num_workers), self.events)
+                                    prefetch or lane_depth(num_workers, self.program.images is not None), self.events)
         else:
             raise ValueError(f"runner must be one of {RUNNERS} (or a zephon executor), got {runner!r}")
         if isinstance(self._host, LocalLanes) and self._own_executors:  # start (and check) them now, not lazily
@@ -523,8 +523,8 @@ def build_loader(pipeline: Pipeline | Recipe | str, rank: int | None = None, wor
     a local one); ``ray_options``: :class:`zephon.engine.ray_executor.RayOptions`. None changes the
     batches, only the speed. A transform may pick its own
     executor kind (``executor=`` of the operator). ``prefetch``: items in flight per (lane, source, stage)
-    (thread, pool; default 2, up to 8 while the lanes wait for the workers; an int fixes it) or steps ahead
-    (process). ``text_map``/``text_filter``: per-document text hooks of a
+    (thread, pool; default 2, and for a pipeline that packs images 2 rising to 8 while the lanes wait for
+    the workers: :class:`zephon.engine.sources.ReadAhead`) or steps ahead (process). ``text_map``/``text_filter``: per-document text hooks of a
     recipe (module-level functions for the pool and process runners). ``reuse_batch_memory``: a batch's
     large tensors (pixels) are written into the memory of an earlier batch that nothing refers to any
     more (:mod:`zephon.batch_buffers`); ``False`` allocates every batch afresh, for code that keeps a

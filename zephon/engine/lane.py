@@ -256,9 +256,13 @@ def replay_with_events(program: LaneProgram, lane: int, state: LaneState, events
 READ_AHEAD_BASE, READ_AHEAD_MOST = 2, 8  # with workers, unless build(prefetch=N) fixes the depth
 
 
-def lane_depth(num_workers: int) -> ReadAhead | int:
+def lane_depth(num_workers: int, bursty: bool = False) -> ReadAhead | int:
     """Chunks in flight per (lane, source, stage), for one loader's lanes: enough to keep workers busy,
-    bounded for memory. With workers, 2 while the trainer does not wait for them, up to 8 while it does
-    (:class:`~zephon.engine.sources.ReadAhead`, one per loader: pass the same one to all its lanes)."""
-    return ReadAhead(READ_AHEAD_BASE, READ_AHEAD_MOST) if num_workers else 1
+    bounded for memory. With workers, 2; for lanes that take heavy tasks in bursts (``bursty``: packing
+    decoded images), 2 while no lane waits for the workers, up to 8 while they do
+    (:class:`~zephon.engine.sources.ReadAhead`, one per loader: pass the same one to all its lanes). Light
+    tasks gain nothing from more in flight (fetch-only pipelines lost 6-8% at 2 workers: BENCHMARKS.md 8e)."""
+    if not num_workers:
+        return 1
+    return ReadAhead(READ_AHEAD_BASE, READ_AHEAD_MOST) if bursty else READ_AHEAD_BASE
 
