@@ -63,10 +63,12 @@ class ReadAhead:
 
     Why adapt, and why one depth for all: a lane takes its chunks in bursts (a packer hands out rows from
     the documents it holds, then takes many at once), so with a fixed depth the shared workers run out of
-    tasks while every lane sits on finished chunks, and later the trainer waits. A wait anywhere raises
-    the depth everywhere, which keeps the workers busy; a trainer that never waits (the model is the
-    slower side) comes back to ``base`` finished chunks per buffer, since each costs memory (decoded
-    images: megabytes). Only when tasks are submitted depends on it, never what a lane sees.
+    tasks while every lane sits on finished chunks, and later the lanes wait. A wait anywhere raises the
+    depth everywhere, which keeps the workers busy; lanes that stop waiting bring it back down, since
+    each finished chunk held costs memory (decoded images: megabytes). A lane that refills many open rows
+    at once waits at each refill even when the model is the slower side, so for such pipelines the depth
+    stays near ``most``: budget memory as for a fixed ``most``. Only when tasks are submitted depends on
+    it, never what a lane sees.
     """
 
     def __init__(self, base: int, most: int, settle: int = 64) -> None:
