@@ -184,12 +184,46 @@ def test_close_stops_the_thread_even_with_a_full_queue(pipe):
 def test_batches_are_collated_on_the_thread(pipe):
     reference, _ = run(pipe, 6, num_workers=0)
     loader = pipe.build(num_workers=2, runner="thread", steps_ahead=2)
-    made_on, collate = [], loader._host.collate
-    loader._host.collate = lambda rows: (made_on.append(threading.current_thread().name), collate(rows))[1]
-    got = [global_digest([next(loader)]) for _ in range(6)]
+    made_on, made, collate = [], [], loader._host.collate
+
+    def recorded(rows):
+        made_on.append(threading.current_thread().name)
+        made.append(collate(rows))
+        return made[-1]
+
+    loader._host.collate = recorded
+    batches = [next(loader) for _ in range(6)]
     loader.close()
-    assert got == reference
+    assert [global_digest([b]) for b in batches] == reference
     assert len(made_on) >= 6 and set(made_on) == {"zephon-steps-ahead"}
+    assert all(b is m for b, m in zip(batches, made))  # delivered as the thread made them, not collated again
+
+
+def test_metrics_with_steps_ahead(pipe):
+    """Counters come from the thread's copy after each step: every counter a synchronous loader fills
+    is filled (the realised mixture's window included), and reading them does not wait for the thread."""
+    with pipe.build(num_workers=2, runner="thread", steps_ahead=2) as loader:
+        for _ in range(8):
+            next(loader)
+        ahead = loader.metrics()
+    with pipe.build(num_workers=2, runner="thread", steps_ahead=0) as loader:
+        for _ in range(8):
+            next(loader)
+        sync = loader.metrics()
+    assert sync["mixture_recent_share"] and set(ahead["mixture_recent_share"]) == set(sync["mixture_recent_share"])
+    assert ahead["docs"] >= sync["docs"] > 0 and set(ahead["lanes"]) == set(sync["lanes"])  # ahead: a little more
+    assert ahead["step"] == sync["step"] == 8 and ahead["rows_delivered"] == sync["rows_delivered"]
+
+
+def test_a_step_awaited_after_close_raises_instead_of_waiting_for_ever(pipe):
+    loader = pipe.build(num_workers=2, runner="thread", steps_ahead=2)
+    next(loader)
+    host = loader._host
+    stopped = host._thread
+    loader.close()
+    host._thread = stopped  # as if close() ran on another thread while this one awaited the next step
+    with pytest.raises(RuntimeError, match="steps-ahead thread has stopped"):
+        host.next_step()
 
 
 def test_a_loader_dropped_without_close_stops_its_thread(pipe):

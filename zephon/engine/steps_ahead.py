@@ -18,6 +18,7 @@ for a vision-language batch), so that the trainer's ``next()`` is a queue read.
 
 from __future__ import annotations
 
+import copy
 import queue
 import threading
 import weakref
@@ -43,6 +44,7 @@ class StepsAhead:
         self._stop = threading.Event()
         self._queue: queue.Queue = queue.Queue(maxsize=ahead)
         self._delivered: dict[int, dict] = lanes.states()  # the lanes' states after the last step delivered
+        self._counters: dict[int, LaneCounters] = {}  # the lanes' counters after the last step computed
         self._failed: BaseException | None = None
 
     # -- the thread -----------------------------------------------------------------------------
@@ -53,6 +55,8 @@ class StepsAhead:
                 return None
             rows = self.inner.next_step()
             states = self.inner.states()
+            # metrics read this copy: they never wait for a step in progress (a burst can take seconds)
+            self._counters = {lane: copy.deepcopy(c) for lane, c in self.inner.counters().items()}
         flat = [row for lane_rows in rows for row in lane_rows]
         return ("step", rows, states, (flat, self.collate(flat)) if self.collate else None)
 
@@ -71,13 +75,19 @@ class StepsAhead:
         if self._thread is None:
             return
         self._stop.set()
-        while self._thread.is_alive():
-            try:  # a thread waiting to put a step gets room
+        try:
+            while self._thread.is_alive():
+                try:  # a thread waiting to put a step gets room
+                    self._queue.get_nowait()
+                except queue.Empty:
+                    pass
+                self._thread.join(timeout=0.05)
+            while True:  # what it computed ahead is not for anyone now
                 self._queue.get_nowait()
-            except queue.Empty:
-                pass
-            self._thread.join(timeout=0.05)
-        self._thread = None
+        except queue.Empty:
+            pass
+        finally:  # interrupted (Ctrl-C): the thread is stopping all the same, and the next step starts another
+            self._thread = None
 
     # -- the host interface ---------------------------------------------------------------------
     def reset(self, states: dict[int, LaneState]) -> None:
@@ -93,7 +103,16 @@ class StepsAhead:
                 from self._failed
         if self._thread is None:
             self._start()
-        kind, rows, states, batch = self._queue.get()
+        while True:
+            try:
+                kind, rows, states, batch = self._queue.get(timeout=0.5)
+                break
+            except queue.Empty:
+                thread = self._thread
+                if thread is None or not thread.is_alive():  # stopped by close() from elsewhere
+                    raise RuntimeError("the loader's steps-ahead thread has stopped (the loader was closed "
+                                       "or reset while this step was awaited); rebuild the loader, or load "
+                                       "a checkpoint state into it") from None
         if kind == "error":
             self._failed = rows
             self._thread = None
@@ -110,19 +129,21 @@ class StepsAhead:
         return made[1]
 
     def states(self) -> dict[int, dict]:
-        """The lanes' states after the last step delivered to the trainer (not the ones computed ahead)."""
-        return dict(self._delivered)
+        """The lanes' states after the last step delivered to the trainer (not the ones computed ahead): a
+        copy, since interventions rewind the lanes from them."""
+        return copy.deepcopy(self._delivered)
 
     def counters(self) -> dict[int, LaneCounters]:
         """What the lanes did, including the steps computed ahead (metrics run a little ahead of delivery)."""
-        with self._lock:
-            return {lane: _copy(c) for lane, c in self.inner.counters().items()}
+        if self._thread is None:  # nothing runs: the lanes themselves
+            return {lane: copy.deepcopy(c) for lane, c in self.inner.counters().items()}
+        return dict(self._counters)
 
     def apply_event(self, at_step: int) -> int:
         """An intervention (already the last of ``events``): the lanes go back to the delivered steps and
         replay them without it, as they were made, then :meth:`LocalLanes.apply_event` applies it."""
         self._halt()
-        before = {lane: _copy(c) for lane, c in self.inner.counters().items()}
+        before = {lane: copy.deepcopy(c) for lane, c in self.inner.counters().items()}
         event = self.events.pop()
         try:
             self.inner.reset(self._delivered)
@@ -130,7 +151,8 @@ class StepsAhead:
                 lane.skip_delivered()  # the merge's decisions as far as delivery took them, to check against
         finally:
             self.events.append(event)
-        for lane in self.inner._lanes:
+        for lane in self.inner._lanes:  # the counts go on from where they were (replayed work is not new)
+            lane.counters.clear()
             lane.counters.merge(before[lane.lane])
         return self.inner.apply_event(at_step)
 
@@ -162,12 +184,6 @@ def _run_ahead(ref: "weakref.ref[StepsAhead]", stop: threading.Event, out: queue
             put(item)
     except BaseException as exc:  # the trainer raises it at the step it belongs to
         put(("error", exc, None, None))
-
-
-def _copy(counters: LaneCounters) -> LaneCounters:
-    out = LaneCounters()
-    out.merge(counters)
-    return out
 
 
 __all__ = ["StepsAhead"]
