@@ -28,6 +28,7 @@ from .state.checkpoint import STATE_FORMAT, STATE_VERSION, check_compatible, che
 from .state.lane import LaneState, StateError
 
 RUNNERS = ("thread", "pool", "process", "ray", "ray-lanes")
+_RUNNER_KIND = {"thread": "thread", "pool": "process"}  # the executor kind behind each chunk runner
 STEPS_AHEAD = 2  # steps the lanes compute before the trainer asks, where default_steps_ahead() says so
 
 
@@ -43,7 +44,6 @@ def default_steps_ahead(program: CompiledPipeline, num_workers: int, runner: str
     if not num_workers or not isinstance(runner, str) or program.images is None:
         return 0
     return STEPS_AHEAD
-_RUNNER_KIND = {"thread": "thread", "pool": "process"}  # the executor kind behind each chunk runner
 
 
 def lanes_of_rank(lanes: int, rank: int, world_size: int) -> range:
@@ -127,8 +127,9 @@ class ZephonLoader:
         if not isinstance(runner, str):  # an executor shared by several loaders (zephon.verify)
             self._default_kind, self._executors[runner.kind] = runner.kind, runner
             self._own_executors = False
-            self._host: LocalLanes | ProcessLanes | StepsAhead = LocalLanes(self.program, self.lanes, self._executor_for,
-                                                               prefetch or lane_depth(runner.num_workers, self.program.images is not None), self.events)
+            depth = prefetch or lane_depth(runner.num_workers, bursty=self.program.images is not None)
+            self._host: LocalLanes | ProcessLanes | StepsAhead = LocalLanes(self.program, self.lanes,
+                                                                            self._executor_for, depth, self.events)
         elif runner == "process" and num_workers > 0:
             self._host = ProcessLanes(self.pipeline, self.program, self.lanes, num_workers, prefetch or 4, self.events)
         elif runner == "ray-lanes" and num_workers > 0:
@@ -138,8 +139,8 @@ class ZephonLoader:
                                   **self._ray)
         elif runner in RUNNERS or runner in EXECUTOR_KINDS:
             self._default_kind = _RUNNER_KIND.get(runner, runner) if num_workers else "inline"
-            self._host = LocalLanes(self.program, self.lanes, self._executor_for,
-                                    prefetch or lane_depth(num_workers, self.program.images is not None), self.events)
+            depth = prefetch or lane_depth(num_workers, bursty=self.program.images is not None)
+            self._host = LocalLanes(self.program, self.lanes, self._executor_for, depth, self.events)
         else:
             raise ValueError(f"runner must be one of {RUNNERS} (or a zephon executor), got {runner!r}")
         if isinstance(self._host, LocalLanes) and self._own_executors:  # start (and check) them now, not lazily
@@ -524,10 +525,10 @@ def build_loader(pipeline: Pipeline | Recipe | str, rank: int | None = None, wor
     batches, only the speed. A transform may pick its own
     executor kind (``executor=`` of the operator). ``prefetch``: items in flight per (lane, source, stage)
     (thread, pool; default 2, and for a pipeline that packs images 2 rising to 8 while the lanes wait for
-    the workers: :class:`zephon.engine.sources.ReadAhead`) or steps ahead (process). ``text_map``/``text_filter``: per-document text hooks of a
-    recipe (module-level functions for the pool and process runners). ``reuse_batch_memory``: a batch's
-    large tensors (pixels) are written into the memory of an earlier batch that nothing refers to any
-    more (:mod:`zephon.batch_buffers`); ``False`` allocates every batch afresh, for code that keeps a
+    the workers: :class:`zephon.engine.sources.ReadAhead`) or steps ahead (process).
+    ``text_map``/``text_filter``: per-document text hooks of a recipe (module-level functions for the
+    pool and process runners). ``reuse_batch_memory``: a batch's large tensors (pixels) are written into
+    the memory of an earlier batch that nothing refers to any more (:mod:`zephon.batch_buffers`); ``False`` allocates every batch afresh, for code that keeps a
     batch's memory without a Python reference to it (a raw ``data_ptr()`` read later). ``steps_ahead``:
     with the thread, pool or ray runner and workers, the lanes' own work (merge, shuffle, pack, waiting for
     the workers) and the collation run on a background thread up to this many steps before the trainer
