@@ -260,3 +260,29 @@ def test_an_executor_shared_by_loaders_keeps_them_on_the_callers_thread(pipe):
             ld.close()
     finally:
         executor.close()
+
+
+@pytest.mark.parametrize("partial", ["pad", "drop"])
+def test_finite_sources_end_at_the_same_step_with_the_same_state(corpus, tok, partial):
+    """The thread computes past the end of finite sources; the trainer still sees the end where a synchronous
+    loader does, and the ended state is the one of the last delivered step."""
+    from .test_end_of_data import finite
+
+    pipe = finite(corpus, tok, partial=partial)
+
+    def all_of(loader):
+        with loader:
+            hashes = [global_digest([b]) for b in loader]
+            return hashes, loader.state_dict()
+
+    sync = all_of(pipe.build(num_workers=0))
+    assert len(sync[0]) > 3 and sync[1]["ended"]
+    assert all_of(pipe.build(num_workers=2, runner="thread", steps_ahead=2)) == sync
+
+
+def test_max_steps_with_steps_ahead(pipe):
+    with pipe.build(num_workers=0, max_steps=5) as loader:
+        sync = [global_digest([b]) for b in loader], loader.state_dict()
+    with pipe.build(num_workers=2, runner="thread", steps_ahead=3, max_steps=5) as loader:
+        assert ([global_digest([b]) for b in loader], loader.state_dict()) == sync
+    assert len(sync[0]) == 5 and sync[1]["step"] == 5
