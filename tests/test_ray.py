@@ -28,7 +28,7 @@ import zephon as z
 from tests.optional import require
 from zephon import WorkPlan, build_loader, global_digest, merge_states
 from zephon.engine.ray_executor import RayClusterLost, RayExecutor, RayOptions, connect
-from zephon.engine.ray_local import LocalRayCluster, free_port, ray_command
+from zephon.engine.ray_local import PORT_CLASH, LocalRayCluster, free_port, port_open, ray_command
 from zephon.loader import as_pipeline
 from zephon.ops.transforms import OperatorError
 from zephon.records import Chunk
@@ -70,6 +70,36 @@ def test_the_head_runs_this_interpreters_ray(tmp_path, monkeypatch):
     assert cmd[0] == sys.executable
     out = subprocess.run([*cmd, "--version"], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and ray.__version__ in out.stdout, out.stdout + out.stderr
+
+
+def test_a_head_refused_for_a_port_clash_starts_again_on_other_ports(monkeypatch):
+    """Ray refuses to start when a port it picks itself equals one it was given ("Ray component gcs_server is
+    trying to use a port number N that is used by other components"; it happened in a CI run): the head
+    starts again on other ports. The first attempt's refusal is Ray's message, raised in its place; the
+    head that then answers is a real one."""
+    real = LocalRayCluster._start_once
+    attempts = []
+
+    def refused_once(self, timeout_s):
+        attempts.append(self.port)
+        if len(attempts) == 1:
+            raise RuntimeError(f"`ray start --head` exited with code 1:\nValueError: Ray component gcs_server "
+                               f"{PORT_CLASH} {self.port} that is used by other components.")
+        return real(self, timeout_s)
+
+    monkeypatch.setattr(LocalRayCluster, "_start_once", refused_once)
+    head = LocalRayCluster(num_cpus=1)
+    try:
+        head.start()
+        assert len(attempts) == 2 and attempts[1] != attempts[0]
+        assert head.port == attempts[1] and port_open("127.0.0.1", head.port)
+    finally:
+        head.stop()
+    other = LocalRayCluster(num_cpus=1)  # any other refusal is not retried
+    monkeypatch.setattr(LocalRayCluster, "_start_once", lambda self, t: (_ for _ in ()).throw(RuntimeError("no")))
+    with pytest.raises(RuntimeError, match="no"):
+        other.start()
+    other.stop()  # its temporary directory
 
 
 # -- module-level functions: the cluster's workers import them by name ---------------------------------

@@ -21,6 +21,9 @@ from pathlib import Path
 from typing import Mapping
 
 
+PORT_CLASH = "is trying to use a port number"  # Ray's refusal when two of its components share a port
+
+
 def free_port() -> int:
     """A TCP port nobody listens on right now (the kernel's pick)."""
     with socket.socket() as s:
@@ -65,13 +68,34 @@ class LocalRayCluster:
     def address(self) -> str:
         return f"127.0.0.1:{self.port}"
 
-    def start(self, timeout_s: float = 90.0) -> "LocalRayCluster":
+    def start(self, timeout_s: float = 90.0, attempts: int = 3) -> "LocalRayCluster":
+        """Start the head and wait until it accepts drivers. Ray refuses to start when two of its components
+        were given the same port, and it picks some ports itself: a clash with the kernel's picks below
+        is rare but real, so the head is started again on other ports (up to ``attempts`` times)."""
+        for attempt in range(attempts):
+            try:
+                return self._start_once(timeout_s)
+            except RuntimeError as exc:
+                if attempt + 1 == attempts or PORT_CLASH not in str(exc):
+                    raise
+                self.kill()  # whatever of that attempt's process group is left
+                self.port = free_port()
+        raise AssertionError("unreachable")
+
+    def _start_once(self, timeout_s: float) -> "LocalRayCluster":
         # the ports Ray would otherwise take at fixed defaults (10001, 52365, ...) are free ones, so that two
         # heads (two tests', or another user's) never fight over them. (Not the dashboard agent's gRPC port:
         # Ray picks that one itself, and the metrics exporter fails to connect when it is given.)
-        ports = {flag: free_port() for flag in ("--ray-client-server-port", "--dashboard-agent-listen-port",
-                                                "--runtime-env-agent-port", "--metrics-export-port",
-                                                "--node-manager-port", "--object-manager-port")}
+        flags = ("--ray-client-server-port", "--dashboard-agent-listen-port", "--runtime-env-agent-port",
+                 "--metrics-export-port", "--node-manager-port", "--object-manager-port")
+        taken = {self.port}
+        ports = {}
+        for flag in flags:  # distinct: the kernel may hand out a port again once it is closed
+            port = free_port()
+            while port in taken:
+                port = free_port()
+            taken.add(port)
+            ports[flag] = port
         cmd = [*ray_command(), "start", "--head", "--block", f"--port={self.port}", f"--num-cpus={self.num_cpus}",
                "--include-dashboard=false", "--disable-usage-stats", f"--temp-dir={self.temp_dir}",
                f"--object-store-memory={self.object_store_mb << 20}"] + [f"{k}={v}" for k, v in ports.items()]
@@ -81,6 +105,7 @@ class LocalRayCluster:
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
         # the head is in a session of its own, so it would outlive a program that fails before stop()
+        atexit.unregister(self.stop)  # once, whatever the attempts
         atexit.register(self.stop)
         deadline = t0 + timeout_s
         while time.perf_counter() < deadline:
