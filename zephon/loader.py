@@ -124,10 +124,11 @@ class ZephonLoader:
         self._ray = {"address": address, **(ray_options or {})}  # for Ray executors and lane actors
         if num_workers < 0:
             raise ValueError(f"num_workers must be >= 0, got {num_workers}")
+        bursty = self.program.images is not None  # packing lanes that take decoded images in bursts
         if not isinstance(runner, str):  # an executor shared by several loaders (zephon.verify)
             self._default_kind, self._executors[runner.kind] = runner.kind, runner
             self._own_executors = False
-            depth = prefetch or lane_depth(runner.num_workers, bursty=self.program.images is not None)
+            depth = prefetch or lane_depth(runner.num_workers, bursty)
             self._host: LocalLanes | ProcessLanes | StepsAhead = LocalLanes(self.program, self.lanes,
                                                                             self._executor_for, depth, self.events)
         elif runner == "process" and num_workers > 0:
@@ -139,7 +140,7 @@ class ZephonLoader:
                                   **self._ray)
         elif runner in RUNNERS or runner in EXECUTOR_KINDS:
             self._default_kind = _RUNNER_KIND.get(runner, runner) if num_workers else "inline"
-            depth = prefetch or lane_depth(num_workers, bursty=self.program.images is not None)
+            depth = prefetch or lane_depth(num_workers, bursty)
             self._host = LocalLanes(self.program, self.lanes, self._executor_for, depth, self.events)
         else:
             raise ValueError(f"runner must be one of {RUNNERS} (or a zephon executor), got {runner!r}")
