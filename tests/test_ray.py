@@ -249,11 +249,12 @@ def test_resume_from_threads_to_ray_and_back(cluster, make_recipe, middle):
 @pytest.mark.slow
 def test_a_mixture_intervention_under_the_ray_runners(cluster, corpus, sp_model):
     """set_mixture mid-run (after step 3, for step 6) rebuilds Ray lane actors from their delivered states
-    with the intervention in force, exactly as the lanes of the other runners."""
+    with the intervention in force, exactly as the lanes of the other runners (also with the actors' rows
+    read back steps ahead, on a thread that the intervention stops and rewinds)."""
     pipe = text_pipeline(corpus, sp_model)
 
-    def run(runner: str, workers: int, weights: dict | None) -> list[str]:
-        loader = pipe.build(num_workers=workers, runner=runner)
+    def run(runner: str, workers: int, weights: dict | None, steps_ahead: int = 0) -> list[str]:
+        loader = pipe.build(num_workers=workers, runner=runner, steps_ahead=steps_ahead)
         try:
             out = []
             for step in range(10):
@@ -268,6 +269,7 @@ def test_a_mixture_intervention_under_the_ray_runners(cluster, corpus, sp_model)
     assert reference[7:] != run("thread", 2, None)[7:]  # the intervention changed the data
     assert run("ray", 2, {"web": 0.1, "code": 0.9}) == reference
     assert run("ray-lanes", 2, {"web": 0.1, "code": 0.9}) == reference
+    assert run("ray-lanes", 2, {"web": 0.1, "code": 0.9}, steps_ahead=3) == reference
 
 
 def test_one_stage_on_ray_the_rest_on_threads(cluster, corpus, sp_model):

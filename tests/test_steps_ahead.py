@@ -1,6 +1,7 @@
 """Lanes computed ahead of the trainer on a background thread (``steps_ahead``; the default for pipelines
 that pack images, with workers): the same batches, pixels included, checkpoints of the delivered steps
-only, interventions, errors and shutdown. The text pipeline here asks for it explicitly."""
+only, interventions, errors and shutdown, over lanes in this process and over lane processes (whose rows
+the thread reads back and collates). The text pipeline here asks for it explicitly."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import pytest
 import zephon as z
 import zephon.loader
 from zephon import global_digest
+from zephon.engine.hosts import ProcessLanes
 from zephon.engine.sources import ReadAhead
 from zephon.engine.steps_ahead import StepsAhead
 
@@ -58,6 +60,8 @@ def test_on_by_default_for_pipelines_that_pack_images_with_workers(pipe, data, v
         with images.build(num_workers=2, runner=runner) as loader:
             assert isinstance(loader._host, StepsAhead) and loader._host.ahead == 2
             assert read_ahead(loader._host.inner).adapts  # and the read-ahead follows the lanes' bursts
+    with images.build(num_workers=2, runner="process") as loader:  # the lane processes' rows: read back ahead
+        assert isinstance(loader._host, StepsAhead) and isinstance(loader._host.inner, ProcessLanes)
     with images.build(num_workers=0) as loader:  # inline: nothing runs ahead
         assert not isinstance(loader._host, StepsAhead)
     with pipe.build(num_workers=2, runner="thread") as loader:  # text: off unless asked for
@@ -91,7 +95,22 @@ def test_image_batches_are_the_same_and_resume_on_another_world_size(data, vl_to
         ld.close()
 
 
-@pytest.mark.parametrize("runner,ahead", [("thread", 1), ("thread", 3), ("pool", 2)])
+def test_image_batches_from_lane_processes_resume_on_another_world_size(data, vl_tok):  # noqa: F811 - fixtures
+    images = vl_pipeline(data, vl_tok, lanes=4)
+    reference, _ = run(images, 6, num_workers=0)
+    loaders = [images.build(rank=r, world_size=2, num_workers=2, runner="process") for r in range(2)]
+    for step in range(3):
+        assert global_digest([next(ld) for ld in loaders]) == reference[step]
+    state = z.merge_states([ld.state_dict() for ld in loaders])
+    for ld in loaders:
+        ld.close()
+    with images.build(num_workers=2, runner="process") as resumed:
+        assert isinstance(resumed._host, StepsAhead)
+        resumed.load_state_dict(state)
+        assert [global_digest([next(resumed)]) for _ in range(3, 6)] == reference[3:]
+
+
+@pytest.mark.parametrize("runner,ahead", [("thread", 1), ("thread", 3), ("pool", 2), ("process", 2)])
 def test_same_batches_and_states_of_the_delivered_steps(pipe, runner, ahead):
     """Every state taken between steps is the one the synchronous loader has at that step, although the
     lanes have computed further: a checkpoint never counts steps that were computed but not delivered."""
@@ -122,21 +141,24 @@ def test_the_thread_computes_ahead_and_a_resume_elsewhere_continues_exactly(pipe
         ld.close()
 
 
-@pytest.mark.parametrize("call_at", [5, 7])
-def test_an_intervention_with_steps_computed_ahead(pipe, call_at, monkeypatch):
+@pytest.mark.parametrize("call_at,runner", [(5, "thread"), (7, "thread"), (7, "process")])
+def test_an_intervention_with_steps_computed_ahead(pipe, call_at, runner, monkeypatch):
     """After step 7 some lanes' mixers (and, here, the steps computed ahead) have decided documents for
     step 10: they are rebuilt at their delivered states and replayed, and nothing delivered changes."""
     reference, _ = run_with_intervention(pipe, 1, 0, 10, CODE_HEAVY)
     built = []
     monkeypatch.setattr(zephon.loader, "default_steps_ahead", lambda *a: built.append(a[1]) or (2 if a[1] else 0))
-    hashes, rebuilt = run_with_intervention(pipe, 2, call_at, 10, CODE_HEAVY, runner="thread", workers=2)
+    hashes, rebuilt = run_with_intervention(pipe, 2, call_at, 10, CODE_HEAVY, runner=runner, workers=2)
     assert hashes == reference and (call_at == 5 or sum(rebuilt) > 0)
     assert built and all(n == 2 for n in built)  # every loader of the run had its lanes computed ahead
 
 
-def test_a_refused_intervention_leaves_the_stream_as_it_was(pipe):
+@pytest.mark.parametrize("runner", ["thread", "process"])
+def test_a_refused_intervention_leaves_the_stream_as_it_was(pipe, runner):
+    """The steps the thread computed ahead are dropped for the intervention; refused, it must not lose them
+    (the lane processes, which ran further still, start again from the delivered states)."""
     plain, _ = run(pipe, STEPS, num_workers=0)
-    loader = pipe.build(num_workers=2, runner="thread", steps_ahead=3)
+    loader = pipe.build(num_workers=2, runner=runner, steps_ahead=3)
     got = [global_digest([next(loader)]) for _ in range(6)]
     time.sleep(0.2)  # let the thread run ahead
     with pytest.raises(ValueError, match="aim further ahead"):

@@ -37,7 +37,7 @@ def default_steps_ahead(program: CompiledPipeline, num_workers: int, runner: str
 
     Packing lanes whose documents are decoded images take them in bursts of seconds of decoding, which a
     trainer whose model is the slower side would otherwise wait out, and a step's collation copies tens of
-    megabytes. A text or fetch-only pipeline's lane work is a few milliseconds of Python a step, which a
+    megabytes (with lane processes, after reading the rows back from them). A text or fetch-only pipeline's lane work is a few milliseconds of Python a step, which a
     second Python thread would only contend with for the GIL (fetch-and-batch ran 7-18% slower with it).
     An executor passed as ``runner`` is shared by loaders that one caller steps in turn (zephon.verify).
     """
@@ -150,7 +150,7 @@ class ZephonLoader:
                     self._executor_for(s, k)
         if steps_ahead is not None and steps_ahead < 0:
             raise ValueError(f"steps_ahead must be >= 0, got {steps_ahead}")
-        if isinstance(self._host, LocalLanes):
+        if isinstance(self._host, (LocalLanes, ProcessLanes)):  # ProcessLanes: the lane processes and Ray actors
             ahead = default_steps_ahead(self.program, num_workers, runner) if steps_ahead is None else steps_ahead
             if ahead:  # the thread collates too: the trainer's next() is a queue read
                 self._host = StepsAhead(self._host, ahead, collate=self._collate)
@@ -531,10 +531,10 @@ def build_loader(pipeline: Pipeline | Recipe | str, rank: int | None = None, wor
     pool and process runners). ``reuse_batch_memory``: a batch's large tensors (pixels) are written into
     the memory of an earlier batch that nothing refers to any more (:mod:`zephon.batch_buffers`); ``False`` allocates every batch afresh, for code that keeps a
     batch's memory without a Python reference to it (a raw ``data_ptr()`` read later). ``steps_ahead``:
-    with the thread, pool or ray runner and workers, the lanes' own work (merge, shuffle, pack, waiting for
-    the workers) and the collation run on a background thread up to this many steps before the trainer
-    asks, so that a lane's burst of work is absorbed while the model computes
-    (:mod:`zephon.engine.steps_ahead`); 0: when asked, on the trainer's thread. Default: 2 for a pipeline
+    with workers, the lanes' own work (merge, shuffle, pack, waiting for the workers; with the process and
+    ray-lanes runners, reading the rows back from the lane workers) and the collation run on a background
+    thread up to this many steps before the trainer asks, so that a lane's burst of work is absorbed while
+    the model computes (:mod:`zephon.engine.steps_ahead`); 0: when asked, on the trainer's thread. Default: 2 for a pipeline
     that packs images, with workers, else 0 (:func:`default_steps_ahead`). Checkpoints hold the delivered
     steps either way.
     """

@@ -12,7 +12,10 @@ with 2 workers it delivers ~650 images/s here, and the simulated model takes ~10
                            waiting for the workers) runs when the trainer asks, on its thread
   zephon_2_thread          the default: the lanes run up to 2 steps ahead on a background thread
   zephon_2_thread_ahead4   the same, 4 steps ahead
-  zephon_2_process         whole lanes on 2 worker processes, 4 steps ahead (prefetch)
+  zephon_2_process_ahead0  whole lanes on 2 worker processes, 4 steps ahead there (prefetch), steps_ahead=0:
+                           the trainer's thread reads each step's rows back and collates them when it asks
+  zephon_2_process         the default: the same, with a background thread reading back and collating
+                           up to 2 steps ahead
 
 Reported per configuration: the time of each ``next()`` after the warm-up (median, 90th and 99th
 percentile, max), their sum as a share of the wall time (what the loader adds to the step), and the
@@ -37,6 +40,7 @@ CONFIGS = {
     "zephon_2_thread_ahead0": {"num_workers": 2, "runner": "thread", "steps_ahead": 0},
     "zephon_2_thread": {"num_workers": 2, "runner": "thread"},
     "zephon_2_thread_ahead4": {"num_workers": 2, "runner": "thread", "steps_ahead": 4},
+    "zephon_2_process_ahead0": {"num_workers": 2, "runner": "process", "steps_ahead": 0},
     "zephon_2_process": {"num_workers": 2, "runner": "process"},
 }
 

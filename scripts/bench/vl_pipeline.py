@@ -27,6 +27,8 @@ into rows of 4096 tokens with their patches (at most 16,384 patches a row: four 
   zephon_W_thread_prefetch8  a fixed read-ahead of 8 tasks per lane (build(prefetch=8))
   zephon_W_thread_sync2      the defaults before adaptive read-ahead and steps ahead (prefetch=2,
                        steps_ahead=0: the lanes' work on the trainer's thread); information only
+  zephon_W_process_ahead0    lane processes with steps_ahead=0: the trainer's thread reads their rows back
+                       and collates them when it asks (the default before steps ahead covered them)
 
 Reported: usable (non-padding) tokens/s, images/s, padding share, each over all timed windows together
 (what they delivered over the seconds they took; ``images_per_s_windows`` keeps each window's rate), and
@@ -229,6 +231,8 @@ def configs() -> list[dict[str, Any]]:
         # the defaults before ReadAhead and StepsAhead: 2 tasks per lane, lanes on the trainer's thread
         c.append({"name": f"zephon_{w}_thread_sync2", "kind": "zephon", "workers": w, "runner": "thread",
                   "params": {"algorithm": "best_fit", "runner": "thread", "prefetch": 2, "steps_ahead": 0}})
+        c.append({"name": f"zephon_{w}_process_ahead0", "kind": "zephon", "workers": w, "runner": "process",
+                  "params": {"algorithm": "best_fit", "runner": "process", "steps_ahead": 0}})
     return c
 
 

@@ -13,6 +13,7 @@ counts rows that were computed ahead but not consumed.
 
 from __future__ import annotations
 
+import copy
 import os
 import queue
 import traceback
@@ -57,6 +58,27 @@ class LocalLanes:
 
     def counters(self) -> dict[int, LaneCounters]:
         return {lane.lane: lane.counters for lane in self._lanes}
+
+    def mark(self) -> tuple[dict[int, dict], None]:
+        """What :meth:`rewind` needs to come back to this point: the lanes' states."""
+        return self.states(), None
+
+    def rewind(self, states: dict[int, dict], _extra: None = None) -> None:
+        """The lanes back at ``states`` (a :meth:`mark` taken after a delivered step) before an intervention
+        (the last of ``events``) is applied: rebuilt without it, as they made the delivered steps, and with the
+        merge's decisions as far as delivery took them (what :meth:`apply_event` checks against). The counts go
+        on from where they were: replayed work is not new."""
+        before = {lane.lane: copy.deepcopy(lane.counters) for lane in self._lanes}
+        event = self.events.pop()
+        try:
+            self.reset(states)
+            for lane in self._lanes:
+                lane.skip_delivered()
+        finally:
+            self.events.append(event)
+        for lane in self._lanes:
+            lane.counters.clear()
+            lane.counters.merge(before[lane.lane])
 
     def apply_event(self, at_step: int) -> int:
         """An intervention (already in ``events``) from ``at_step``: lanes whose merge has decided documents
@@ -231,6 +253,17 @@ class ProcessLanes:
 
     def counters(self) -> dict[int, LaneCounters]:
         return self._counters
+
+    def mark(self) -> tuple[dict[int, dict], dict[int, list[bytes]]]:
+        """What :meth:`rewind` needs to come back to this point: the lanes' states and the digests of the rows
+        each delivered since its sentinel (copies: :meth:`next_step` extends them in place)."""
+        return self.states(), {lane: list(digests) for lane, digests in self._since.items()}
+
+    def rewind(self, states: dict[int, dict], since: dict[int, list[bytes]]) -> None:
+        """Back to a :meth:`mark`: the workers, which ran past it, stop, and the next step starts them again from
+        ``states`` (with the events in force then)."""
+        self.close()
+        self._states, self._since = dict(states), {lane: list(digests) for lane, digests in since.items()}
 
     def apply_event(self, at_step: int) -> int:
         """An intervention (already in ``events``): check in this process that every lane's delivered rows

@@ -5,15 +5,16 @@ trainer, but the lanes' serial work does not: the merge, the accumulators (shuff
 for workers' results happen when the trainer asks for a step. A packing lane takes its documents in
 bursts (after a sentinel it refills every open row before it hands one out), so a trainer whose model
 is the slower side would still stall at those steps, for as long as the workers take to decode the
-burst. :class:`StepsAhead` runs :class:`~zephon.engine.hosts.LocalLanes` on a thread that keeps up to
-``ahead`` steps of rows ready, so that a burst is absorbed while the model computes.
+burst. :class:`StepsAhead` runs a host (:class:`~zephon.engine.hosts.LocalLanes`, or the lane workers of
+:class:`~zephon.engine.hosts.ProcessLanes`, whose rows must still be read back and collated) on a thread
+that keeps up to ``ahead`` steps of rows ready, so that a burst is absorbed while the model computes.
 
 What the trainer sees does not change: the rows are the same lanes' rows in the same order (the thread
 only computes them earlier), a checkpoint holds the states of the steps *delivered* (each queued step
-carries the lanes' states after it), and a mixture intervention stops the thread, drops the steps
-computed ahead and rebuilds the lanes at their delivered states before it applies (as the lane-process
-host does). Given ``collate``, the thread also collates each step's batch (tens of megabytes of pixels
-for a vision-language batch), so that the trainer's ``next()`` is a queue read.
+carries the host's :meth:`mark` after it), and a mixture intervention stops the thread, drops the steps
+computed ahead and rewinds the host to the delivered mark before it applies. Given ``collate``, the
+thread also collates each step's batch (tens of megabytes of pixels for a vision-language batch), so
+that the trainer's ``next()`` is a queue read.
 """
 
 from __future__ import annotations
@@ -27,13 +28,14 @@ from typing import Any, Callable
 from ..records import Row
 from ..state.lane import LaneState
 from .counters import LaneCounters
-from .hosts import LocalLanes
+from .hosts import LocalLanes, ProcessLanes
 
 
 class StepsAhead:
-    """:class:`LocalLanes` stepped by a background thread, up to ``ahead`` steps before the trainer."""
+    """A host (:class:`LocalLanes` or :class:`ProcessLanes`) stepped by a background thread, up to ``ahead``
+    steps before the trainer."""
 
-    def __init__(self, lanes: LocalLanes, ahead: int, collate: Callable[[list], Any] | None = None) -> None:
+    def __init__(self, lanes: LocalLanes | ProcessLanes, ahead: int, collate: Callable[[list], Any] | None = None) -> None:
         if ahead < 1:
             raise ValueError(f"StepsAhead needs ahead >= 1, got {ahead}")
         self.inner, self.ahead, self.collate = lanes, ahead, collate
@@ -43,7 +45,7 @@ class StepsAhead:
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self._queue: queue.Queue = queue.Queue(maxsize=ahead)
-        self._delivered: dict[int, dict] = lanes.states()  # the lanes' states after the last step delivered
+        self._delivered: tuple = lanes.mark()  # the host's mark (lanes' states, ...) after the last step delivered
         self._counters: dict[int, LaneCounters] = {}  # the lanes' counters after the last step computed
         self._failed: BaseException | None = None
 
@@ -54,11 +56,11 @@ class StepsAhead:
             if stop.is_set():
                 return None
             rows = self.inner.next_step()
-            states = self.inner.states()
+            mark = self.inner.mark()
             # metrics read this copy: they never wait for a step in progress (a burst can take seconds)
             self._counters = {lane: copy.deepcopy(c) for lane, c in self.inner.counters().items()}
         flat = [row for lane_rows in rows for row in lane_rows]
-        return ("step", rows, states, (flat, self.collate(flat)) if self.collate else None)
+        return ("step", rows, mark, (flat, self.collate(flat)) if self.collate else None)
 
     def _start(self) -> None:
         self._stop = stop = threading.Event()
@@ -94,7 +96,7 @@ class StepsAhead:
         self._halt()
         self._failed = None
         self.inner.reset(states)
-        self._delivered = self.inner.states()
+        self._delivered = self.inner.mark()
 
     def next_step(self) -> list[list[Row]]:
         if self._failed is not None:
@@ -105,7 +107,7 @@ class StepsAhead:
             self._start()
         while True:
             try:
-                kind, rows, states, batch = self._queue.get(timeout=0.5)
+                kind, rows, mark, batch = self._queue.get(timeout=0.5)
                 break
             except queue.Empty:
                 thread = self._thread
@@ -117,7 +119,7 @@ class StepsAhead:
             self._failed = rows
             self._thread = None
             raise rows
-        self._delivered, self._batch = states, batch
+        self._delivered, self._batch = mark, batch
         return rows
 
     def take_batch(self, rows: list) -> Any:
@@ -131,7 +133,7 @@ class StepsAhead:
     def states(self) -> dict[int, dict]:
         """The lanes' states after the last step delivered to the trainer (not the ones computed ahead): a
         copy, since interventions rewind the lanes from them."""
-        return copy.deepcopy(self._delivered)
+        return copy.deepcopy(self._delivered[0])
 
     def counters(self) -> dict[int, LaneCounters]:
         """What the lanes did, including the steps computed ahead (metrics run a little ahead of delivery)."""
@@ -140,20 +142,11 @@ class StepsAhead:
         return dict(self._counters)
 
     def apply_event(self, at_step: int) -> int:
-        """An intervention (already the last of ``events``): the lanes go back to the delivered steps and
-        replay them without it, as they were made, then :meth:`LocalLanes.apply_event` applies it."""
+        """An intervention (already the last of ``events``): the thread stops, the host goes back to the
+        delivered steps (:meth:`LocalLanes.rewind`, :meth:`ProcessLanes.rewind`) and applies it as it would
+        without steps ahead, refusal included."""
         self._halt()
-        before = {lane: copy.deepcopy(c) for lane, c in self.inner.counters().items()}
-        event = self.events.pop()
-        try:
-            self.inner.reset(self._delivered)
-            for lane in self.inner._lanes:
-                lane.skip_delivered()  # the merge's decisions as far as delivery took them, to check against
-        finally:
-            self.events.append(event)
-        for lane in self.inner._lanes:  # the counts go on from where they were (replayed work is not new)
-            lane.counters.clear()
-            lane.counters.merge(before[lane.lane])
+        self.inner.rewind(*self._delivered)
         return self.inner.apply_event(at_step)
 
     def close(self) -> None:
