@@ -34,6 +34,8 @@ batches of 256 samples, nothing decoded. ``--mode decode``: the same, with every
                         tokenized with their image tokens (tokenize_images) and packed one image a row
                         (pack(seq_len=256, max_images_per_row=1), batch(pixels="fixed")): pixel_values
                         uint8 [256, 3, 224, 224]
+  zephon_*_before       with --zephon-src DIR: the same configuration run from DIR's zephon/ (the code before a
+                        change), interleaved with the others in every round
 
 Reported: samples/s (image-caption pairs delivered in batches per second: the comparable figure). Protocol
 as fetch_batch.py: one subprocess per configuration and round; warm-up batches, then timed windows, the
@@ -65,9 +67,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import numpy as np  # noqa: E402
 
 from _common import fmt_table, measure_stream, only_patterns, run_task, select_configs, task_main  # noqa: E402
+from _common import zephon_src_first  # noqa: E402
 from _targets import fresh_ratio_lines, median_round, zephon_hash_check  # noqa: E402
 import vl_common as vc  # noqa: E402
 
+zephon_src_first()  # a measured child of --zephon-src: that checkout's zephon/ before anything imports one
 SCRIPT = Path(__file__).resolve()
 BATCH = 256
 LANES, PER_LANE = 32, 8
@@ -367,6 +371,8 @@ def run_config(task: dict[str, Any]) -> dict[str, Any]:
         res.pop(k, None)
     if digests:
         res["digests"] = digests
+    if cfg["kind"] == "zephon":
+        res["zephon_from"] = str(Path(zephon.__file__).parent)  # this checkout's, or --zephon-src's
     return res
 
 
@@ -459,6 +465,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--list", action="store_true")
     ap.add_argument("--timeout", type=float, default=300.0)
     ap.add_argument("--json", default="")
+    ap.add_argument("--zephon-src", default="",
+                    help="a checkout whose zephon/ to measure as well: every chosen zephon_* configuration runs a "
+                         "second time from it, as <name>_before, interleaved in the same rounds")
     ap.add_argument("--profile", default="", metavar="CONFIG",
                     help="run one configuration in this process under cProfile (--warmup, then --steps batches) and "
                          "print where its time goes (worker processes are not profiled)")
@@ -483,6 +492,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.only:
         cfgs = select_configs(cfgs, only_patterns(args.only))
+    if args.zephon_src:
+        src = str(Path(args.zephon_src).resolve())
+        cfgs = [v for c in cfgs for v in ([c, {**c, "name": f"{c['name']}_before", "zephon_src": src}]
+                                          if c["kind"] == "zephon" else [c])]
     data = Path(args.data).resolve()
     vc.require_vl(data)
     print(f"# native formats: {vc.write_native(data, log=lambda m: print(m, flush=True))}", flush=True)
@@ -502,7 +515,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"# round {rnd + 1} of {args.rounds} (load {vc.load_now()})", flush=True)
         for c in (cfgs if rnd % 2 == 0 else cfgs[::-1]):
             task = {"kind": "vl", "config": c, "data": str(data), "mode": args.mode, "steps": args.steps,
-                    "warmup": args.warmup, "repeats": args.repeats}
+                    "warmup": args.warmup, "repeats": args.repeats, "zephon_src": c.get("zephon_src", "")}
             print(f"  {c['name']:<24}", end=" ", flush=True)
             r = run_task(SCRIPT, task, timeout=args.timeout)
             r["_workers"] = c["workers"]

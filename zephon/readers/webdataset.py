@@ -48,11 +48,13 @@ from fsspec.implementations.local import LocalFileSystem
 
 from .base import DEFAULT_DOC_LIMIT, LRU, DocLimit, RawChunk, SourceError, Unit, chunks_in_groups, units_of_groups, \
     utf8_prefix
+from .open_files import OpenFiles
 from .tar_headers import BLOCK, scan_members
 
 MAX_SIDECAR_BYTES = 256 << 20
 READ_GAP = 1 << 20  # unwanted bytes between two wanted members past which a chunk is read in two requests
 LOCAL_READ_GAP = 4096  # the same for a local shard, where a request costs a system call, not a round trip
+OPEN_SHARDS = 64  # local shards a reader keeps open between chunks (a lane reads its shard chunk by chunk)
 TEXT_EXTENSIONS = ("txt", "text")
 INDEX_FORMAT = "zephon-webdataset-index"
 INDEX_VERSION = 1
@@ -247,6 +249,19 @@ class WebDatasetReader:
         cache = index_cache or getattr(storage, "cache_dir", None)
         self.sidecars = os.path.join(cache, SIDECAR_FOLDER) if cache else None
         self.text_field = "__key__"
+        self._files = self._open_files()
+
+    def _open_files(self) -> OpenFiles[ShardIndex] | None:
+        """Local shards stay open between chunks (:mod:`zephon.readers.open_files`), each with the index of the
+        file its descriptor reads; other filesystems read byte ranges by path."""
+        return OpenFiles(OPEN_SHARDS) if type(self.fs) is LocalFileSystem else None  # exactly fsspec's
+
+    def __getstate__(self) -> dict:
+        return {k: v for k, v in self.__dict__.items() if k != "_files"}  # descriptors stay in their process
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._files = self._open_files()
 
     # -- the index -------------------------------------------------------------------------------------
     def index(self, path: str) -> ShardIndex:
@@ -257,7 +272,13 @@ class WebDatasetReader:
         size, version = int(info["size"]), _version(info)
         return _INDEXES.get((path, size, version), lambda: self._load(path, size, version))
 
-    def _load(self, path: str, size: int, version: str) -> ShardIndex:
+    def _index_of_open(self, path: str, fd: int, st: os.stat_result) -> ShardIndex:
+        """The index of the local shard open as ``fd``: keyed by that file's size and version (as
+        :meth:`index` keys it by the path's), scanned from the descriptor itself if not known."""
+        size, version = int(st.st_size), _version({"mtime": st.st_mtime})  # what fsspec's info() gives
+        return _INDEXES.get((path, size, version), lambda: self._load(path, size, version, fd))
+
+    def _load(self, path: str, size: int, version: str, fd: int = -1) -> ShardIndex:
         name = hashlib.sha256(f"{path}\n{size}\n{version}".encode()).hexdigest()[:40] + ".json"
         if self.sidecars:
             raw = _read_sidecar(self.sidecars, name)
@@ -265,7 +286,8 @@ class WebDatasetReader:
             if found is not None:
                 return found
         where = f"source '{self.source}': shard {path}"
-        with self.fs.open(path, "rb") as f:
+        with (os.fdopen(os.dup(fd), "rb") if fd >= 0 else self.fs.open(path, "rb")) as f:
+            f.seek(0)
             index = group_samples(scan_members(f, size, where), size, where)
         if self.sidecars:
             _write_sidecar(self.sidecars, name, index.to_json(path, version))
@@ -312,8 +334,9 @@ class WebDatasetReader:
 
     def _lengths(self, path: str, index: ShardIndex, picks: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
         """The members to read (sorted) and how many bytes of each, after the ``[read] oversize`` policy."""
-        members = np.unique(np.concatenate(picks)) if picks else np.zeros(0, dtype=np.int64)
-        members = members[members >= 0]
+        # a Python sort: numpy's lets go of the GIL, and a worker thread then waits to get it back
+        taken = sorted(set(np.concatenate(picks).tolist()) - {-1}) if picks else []
+        members = np.asarray(taken, dtype=np.int64)
         sizes = index.sizes[members]
         limit = self.doc_limit
         over = sizes > limit.max_bytes
@@ -333,11 +356,19 @@ class WebDatasetReader:
         return members, sizes
 
     def read(self, path: str, start: int, end: int) -> RawChunk:
-        index = self.index(path)
+        if self._files is None:
+            return self._read(path, self.index(path), start, end)
+        try:
+            with self._files.lease(path, self._index_of_open) as (fd, index):
+                return self._read(path, index, start, end, fd)
+        except FileNotFoundError:
+            raise self._missing(path) from None
+
+    def _read(self, path: str, index: ShardIndex, start: int, end: int, fd: int = -1) -> RawChunk:
         end = len(index) if end < 0 else end
         names, picks = self._wanted(index, start, end)
         members, lengths = self._lengths(path, index, picks)
-        data = self._fetch(path, index, members, lengths)
+        data = self._fetch(path, index, members, lengths, fd)
         columns: dict[str, Any] = {}
         if self.columns is None:
             columns["__key__"] = index.keys[start:end]
@@ -366,10 +397,12 @@ class WebDatasetReader:
             raise SourceError(f"source '{self.source}': {path}, sample {key!r}: the '{ext}' member is not UTF-8 "
                               f"text ({exc}). Re-encode it, or read it as bytes under another extension.") from None
 
-    def _fetch(self, path: str, index: ShardIndex, members: np.ndarray, lengths: np.ndarray) -> dict[int, bytes]:
+    def _fetch(self, path: str, index: ShardIndex, members: np.ndarray, lengths: np.ndarray,
+               fd: int = -1) -> dict[int, bytes]:
         """The members' bytes (``members`` sorted), read in as few ranged reads as the gaps allow: one per run
         of members with at most ``READ_GAP`` unwanted bytes between them from an object store (usually one a
-        chunk), at most ``LOCAL_READ_GAP`` from a local shard (a tar header, not an unwanted image)."""
+        chunk), at most ``LOCAL_READ_GAP`` from a local shard (a tar header, not an unwanted image), through
+        ``fd`` when the shard is open already."""
         if not len(members):
             return {}
         local = type(self.fs) is LocalFileSystem  # exactly fsspec's: a subclass may read its own way
@@ -379,8 +412,9 @@ class WebDatasetReader:
         cuts = (np.flatnonzero(starts[1:] - reach[:-1] > gap) + 1).tolist()  # a new request after a gap
         spans = [(int(starts[a]), int(reach[b - 1]), a, b) for a, b in zip([0] + cuts, cuts + [len(members)])]
         out: dict[int, bytes] = {}
+        own = local and fd < 0
         try:
-            fd = os.open(path, os.O_RDONLY) if local else -1
+            fd = os.open(path, os.O_RDONLY) if own else fd
         except FileNotFoundError:
             raise self._missing(path) from None
         try:
@@ -397,7 +431,7 @@ class WebDatasetReader:
                 for m, o, n in zip(members[a:b].tolist(), starts[a:b].tolist(), lengths[a:b].tolist()):
                     out[m] = blob[o - lo:o - lo + n]
         finally:
-            if local:
+            if own:
                 os.close(fd)
         return out
 

@@ -1,0 +1,186 @@
+"""Local files kept open between reads (``zephon.readers.open_files``), and the WebDataset reader over them:
+one open per shard visit, the index of the file a descriptor reads, nothing closed under a reader, and
+nothing left open."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import shutil
+import threading
+
+import numpy as np
+import pytest
+
+from zephon.readers import webdataset as wdsr
+from zephon.readers.open_files import OpenFiles
+
+from .test_vision_webdataset import local, shards  # noqa: F401 - fixtures
+
+
+def open_fds() -> set[int]:
+    return {int(name) for name in os.listdir("/proc/self/fd")}
+
+
+@pytest.fixture
+def files(tmp_path):
+    paths = []
+    for i in range(6):
+        path = tmp_path / f"f{i}.bin"
+        path.write_bytes(bytes([i]) * (1000 + i))
+        paths.append(str(path))
+    return paths
+
+
+def size_of(path: str, fd: int, st: os.stat_result) -> int:
+    size_of.calls.append(path)
+    return st.st_size
+
+
+def test_a_file_is_opened_once_and_read_through_its_descriptor(files):
+    size_of.calls = []
+    cache: OpenFiles[int] = OpenFiles(limit=4)
+    for _ in range(3):
+        with cache.lease(files[0], size_of) as (fd, size):
+            assert size == 1000 and os.pread(fd, 3, 10) == b"\0\0\0"
+    assert size_of.calls == [files[0]] and len(cache) == 1
+    cache.close()
+
+
+def test_the_least_recently_used_file_is_closed_past_the_limit(files):
+    size_of.calls = []
+    before = open_fds()
+    cache: OpenFiles[int] = OpenFiles(limit=2)
+    fds = []
+    for path in files[:3]:
+        with cache.lease(path, size_of) as (fd, _):
+            fds.append(fd)
+    assert len(cache) == 2 and open_fds() - before == set(fds[1:])  # the first one is closed
+    with cache.lease(files[0], size_of):  # opened again, and derived again
+        pass
+    assert size_of.calls == files[:3] + files[:1]
+    cache.close()
+    assert open_fds() == before
+
+
+def test_a_file_evicted_while_leased_is_closed_when_the_lease_ends(files):
+    before = open_fds()
+    cache: OpenFiles[int] = OpenFiles(limit=1)
+    with cache.lease(files[0], size_of) as (fd, _):
+        with cache.lease(files[1], size_of):  # evicts files[0], which is being read
+            pass
+        assert os.pread(fd, 4, 0) == b"\0\0\0\0"  # still open under its reader
+    assert fd not in open_fds() - before
+    cache.close()
+    assert open_fds() == before
+
+
+def test_errors_leave_nothing_open(files, tmp_path):
+    before = open_fds()
+    cache: OpenFiles[int] = OpenFiles(limit=2)
+    with pytest.raises(FileNotFoundError):
+        with cache.lease(str(tmp_path / "missing"), size_of):
+            pass
+
+    def refuse(path, fd, st):
+        raise ValueError("not a shard")
+
+    with pytest.raises(ValueError, match="not a shard"):
+        with cache.lease(files[0], refuse):
+            pass
+    assert len(cache) == 0 and open_fds() == before
+    with pytest.raises(ValueError, match="limit >= 1"):
+        OpenFiles(limit=0)
+
+
+def test_threads_share_the_files_and_never_read_a_closed_descriptor(files):
+    """Eight threads lease six files through a cache of two: evictions happen under readers all the time."""
+    before = open_fds()
+    cache: OpenFiles[int] = OpenFiles(limit=2)
+    errors: list[BaseException] = []
+
+    def work(seed: int) -> None:
+        rng = np.random.default_rng(seed)
+        try:
+            for _ in range(300):
+                i = int(rng.integers(len(files)))
+                with cache.lease(files[i], size_of) as (fd, size):
+                    assert size == 1000 + i and os.pread(fd, size + 10, 0) == bytes([i]) * size
+        except BaseException as exc:  # noqa: BLE001 - handed to the test's thread
+            errors.append(exc)
+
+    size_of.calls = []
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors and len(cache) <= 2
+    cache.close()
+    assert open_fds() == before
+
+
+def test_a_dropped_cache_closes_its_files(files):
+    import gc
+
+    before = open_fds()
+    cache: OpenFiles[int] = OpenFiles(limit=4)
+    for path in files[:3]:
+        with cache.lease(path, size_of):
+            pass
+    assert len(open_fds() - before) == 3
+    del cache
+    gc.collect()
+    assert open_fds() == before
+
+
+# -- the WebDataset reader over it ------------------------------------------------------------------------
+def chunk_values(reader, path: str, start: int, end: int) -> dict:
+    return reader.read(path, start, end).columns
+
+
+def test_a_lane_reading_a_shard_chunk_by_chunk_opens_it_once(shards, monkeypatch):  # noqa: F811 - fixture
+    reader = wdsr.WebDatasetReader(local(), "w", ["jpg", "txt"], 4)
+    path = str(shards[0])
+    planned = reader.index(path)  # what planning indexed, by the path's stat
+    opened, real = [], os.open
+    monkeypatch.setattr(os, "open", lambda p, *a, **k: opened.append(p) or real(p, *a, **k))
+    monkeypatch.setattr(os, "stat", lambda *a, **k: pytest.fail("a chunk read stat'ed the shard"))
+    whole = reader.read(path, 0, len(planned)).columns
+    chunks = [reader.read(path, a, min(a + 4, len(planned))).columns for a in range(0, len(planned), 4)]
+    assert opened == [path]
+    for field in ("jpg", "txt"):
+        assert [v for c in chunks for v in c[field]] == whole[field]
+    with reader._files.lease(path, reader._index_of_open) as (_, index):
+        assert index is planned  # the same file, so the same cached index: not scanned again
+
+
+def test_a_shard_replaced_while_open_is_read_as_it_was_opened(shards, tmp_path):  # noqa: F811 - fixture
+    """A new file renamed over an open shard: the descriptor reads the file its index describes, so the
+    lane's chunks stay the planned samples (not the new file's bytes under the old file's offsets)."""
+    path = tmp_path / "s.tar"
+    shutil.copy(shards[0], path)
+    reader = wdsr.WebDatasetReader(local(), "w", ["jpg", "txt"], 4)
+    expected = reader.read(str(path), 0, -1).columns
+    first = reader.read(str(path), 0, 4).columns
+    replacement = tmp_path / "new.tar"
+    shutil.copy(shards[1], replacement)
+    os.replace(replacement, path)
+    rest = reader.read(str(path), 4, -1).columns
+    assert first["txt"] + rest["txt"] == expected["txt"] and first["jpg"] + rest["jpg"] == expected["jpg"]
+    fresh = wdsr.WebDatasetReader(local(), "w", ["jpg", "txt"], 4)  # a new reader reads the new file
+    assert fresh.read(str(path), 0, -1).columns["txt"] != expected["txt"]
+
+
+def test_a_pickled_reader_starts_with_no_files_open(shards):  # noqa: F811 - fixture
+    reader = wdsr.WebDatasetReader(local(), "w", ["jpg", "txt"], 4)
+    got = reader.read(str(shards[0]), 0, 4).columns
+    assert len(reader._files) == 1
+    copy = pickle.loads(pickle.dumps(reader))
+    assert len(copy._files) == 0 and copy.read(str(shards[0]), 0, 4).columns == got
+
+
+def test_a_missing_shard_is_named(shards, tmp_path):  # noqa: F811 - fixture
+    reader = wdsr.WebDatasetReader(local(), "w", ["jpg", "txt"], 4)
+    with pytest.raises(wdsr.SourceError, match="is missing; it was listed"):
+        reader.read(str(tmp_path / "gone.tar"), 0, 4)

@@ -1,0 +1,129 @@
+"""Local files kept open between a reader's reads, each with what was derived from the file it reads.
+
+A lane reads a shard chunk by chunk. Checking the shard's size and version (a ``stat``), opening it,
+reading and closing it for every chunk costs four system calls, and each lets go of the GIL: with worker
+threads, every one is a chance for another thread to take the GIL, and the reader then waits to get it
+back, which on a chunk of light work costs more than the work (BENCHMARKS.md 8a). Kept open, a chunk costs
+one ``pread``.
+
+What a descriptor reads is the file it was opened on, even if the path is replaced meanwhile (a new file
+renamed over it), so what was derived from that file when it was opened (a shard's index, keyed by the
+descriptor's own ``fstat``) stays true of every byte read through it. A path replaced while its file is open
+is read as it was when opened; once evicted (least recently used, past ``limit`` files), the next lease opens
+the path afresh and derives again.
+
+Example::
+
+    files = OpenFiles(limit=64)
+    with files.lease("/data/shard-000.tar", lambda path, fd, st: st.st_size) as (fd, size):
+        head = os.pread(fd, 512, 0)
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import weakref
+from collections import OrderedDict
+from contextlib import contextmanager
+from typing import Callable, Generic, Iterator, TypeVar
+
+T = TypeVar("T")
+
+
+class _Open(Generic[T]):
+    __slots__ = ("fd", "derived", "leases", "evicted")
+
+    def __init__(self, fd: int, derived: T) -> None:
+        self.fd, self.derived, self.leases, self.evicted = fd, derived, 0, False
+
+
+class OpenFiles(Generic[T]):
+    """At most ``limit`` local files held open (more while leased), shared by the threads of one reader.
+
+    A descriptor is closed only when no lease holds it: never under a thread that is reading through it.
+    Not shared across processes: a copy of the reader (pickled for a worker process) starts with none open.
+    """
+
+    def __init__(self, limit: int = 64) -> None:
+        if limit < 1:
+            raise ValueError(f"OpenFiles needs limit >= 1, got {limit}")
+        self.limit = limit
+        self._lock = threading.Lock()  # held for bookkeeping only, never across a system call
+        self._files: OrderedDict[str, _Open[T]] = OrderedDict()
+        weakref.finalize(self, _close_all, self._files)
+
+    @contextmanager
+    def lease(self, path: str, derive: Callable[[str, int, os.stat_result], T]) -> Iterator[tuple[int, T]]:
+        """``(fd, derived)`` for ``path``, opened (and ``derive(path, fd, fstat)`` called) if it is not open.
+
+        ``FileNotFoundError`` and ``derive``'s errors pass through; nothing stays open after them."""
+        entry = self._take(path)
+        if entry is None:
+            entry = self._open(path, derive)
+        try:
+            yield entry.fd, entry.derived
+        finally:
+            with self._lock:
+                entry.leases -= 1
+                done = entry.evicted and entry.leases == 0
+            if done:
+                os.close(entry.fd)
+
+    def _take(self, path: str) -> _Open[T] | None:
+        with self._lock:
+            entry = self._files.get(path)
+            if entry is not None:
+                self._files.move_to_end(path)
+                entry.leases += 1
+            return entry
+
+    def _open(self, path: str, derive: Callable[[str, int, os.stat_result], T]) -> _Open[T]:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            mine = _Open(fd, derive(path, fd, os.fstat(fd)))
+        except BaseException:
+            os.close(fd)
+            raise
+        closing: list[int] = []
+        with self._lock:
+            entry = self._files.get(path)
+            if entry is None:  # else another thread opened it meanwhile: theirs is kept, this one closed
+                entry = self._files[path] = mine
+                while len(self._files) > self.limit:
+                    _, old = self._files.popitem(last=False)
+                    old.evicted = True
+                    if old.leases == 0:
+                        closing.append(old.fd)
+            else:
+                self._files.move_to_end(path)
+                closing.append(fd)
+            entry.leases += 1
+        for stale in closing:
+            os.close(stale)
+        return entry
+
+    def close(self) -> None:
+        """Close every file no lease holds (the others as their leases end)."""
+        _close_all(self._files, self._lock)
+
+    def __len__(self) -> int:
+        return len(self._files)
+
+
+def _close_all(files: OrderedDict, lock: threading.Lock | None = None) -> None:
+    closing = []
+    with lock or threading.Lock():
+        for entry in files.values():
+            entry.evicted = True
+            if entry.leases == 0:
+                closing.append(entry.fd)
+        files.clear()
+    for fd in closing:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+
+
+__all__ = ["OpenFiles"]
