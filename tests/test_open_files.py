@@ -140,6 +140,7 @@ def chunk_values(reader, path: str, start: int, end: int) -> dict:
 
 
 def test_a_lane_reading_a_shard_chunk_by_chunk_opens_it_once(shards, monkeypatch):  # noqa: F811 - fixture
+    monkeypatch.setattr(wdsr, "_OPEN", OpenFiles(limit=4))  # none of the shards open from other tests
     reader = wdsr.WebDatasetReader(local(), "w", ["jpg", "txt"], 4)
     path = str(shards[0])
     planned = reader.index(path)  # what planning indexed, by the path's stat
@@ -151,16 +152,17 @@ def test_a_lane_reading_a_shard_chunk_by_chunk_opens_it_once(shards, monkeypatch
     assert opened == [path]
     for field in ("jpg", "txt"):
         assert [v for c in chunks for v in c[field]] == whole[field]
-    with reader._files.lease(path, reader._index_of_open) as (_, index):
+    with wdsr._OPEN.lease(path, reader._index_of_open) as (_, index):
         assert index is planned  # the same file, so the same cached index: not scanned again
 
 
-def test_a_shard_replaced_while_open_is_read_as_it_was_opened(shards, tmp_path):  # noqa: F811 - fixture
+def test_a_shard_replaced_while_open_is_read_as_it_was_opened(shards, tmp_path, monkeypatch):  # noqa: F811
     """A new file renamed over an open shard: the descriptor reads the file its index describes, so the
     lane's chunks stay the planned samples (not the new file's bytes under the old file's offsets)."""
     path = tmp_path / "s.tar"
     shutil.copy(shards[0], path)
     reader = wdsr.WebDatasetReader(local(), "w", ["jpg", "txt"], 4)
+    monkeypatch.setattr(wdsr, "_OPEN", OpenFiles(limit=4))
     expected = reader.read(str(path), 0, -1).columns
     first = reader.read(str(path), 0, 4).columns
     replacement = tmp_path / "new.tar"
@@ -168,19 +170,57 @@ def test_a_shard_replaced_while_open_is_read_as_it_was_opened(shards, tmp_path):
     os.replace(replacement, path)
     rest = reader.read(str(path), 4, -1).columns
     assert first["txt"] + rest["txt"] == expected["txt"] and first["jpg"] + rest["jpg"] == expected["jpg"]
-    fresh = wdsr.WebDatasetReader(local(), "w", ["jpg", "txt"], 4)  # a new reader reads the new file
-    assert fresh.read(str(path), 0, -1).columns["txt"] != expected["txt"]
+    wdsr._OPEN.close()  # once closed (evicted), the path is opened and indexed afresh: the new file
+    assert reader.read(str(path), 0, -1).columns["txt"] != expected["txt"]
 
 
-def test_a_pickled_reader_starts_with_no_files_open(shards):  # noqa: F811 - fixture
-    reader = wdsr.WebDatasetReader(local(), "w", ["jpg", "txt"], 4)
-    got = reader.read(str(shards[0]), 0, 4).columns
-    assert len(reader._files) == 1
-    copy = pickle.loads(pickle.dumps(reader))
-    assert len(copy._files) == 0 and copy.read(str(shards[0]), 0, 4).columns == got
+def test_readers_share_the_process_s_open_shards(shards, monkeypatch):  # noqa: F811 - fixture
+    """Every reader of the process uses one set of open shards, so that many loaders (zephon verify runs
+    several world sizes in one process) never hold more than its limit; a pickled reader works as well."""
+    monkeypatch.setattr(wdsr, "_OPEN", OpenFiles(limit=2))
+    readers = [wdsr.WebDatasetReader(local(), "w", ["jpg", "txt"], 4) for _ in range(3)]
+    readers.append(pickle.loads(pickle.dumps(readers[0])))
+    got = [r.read(str(path), 0, 4).columns for r in readers for path in shards]
+    assert len(wdsr._OPEN) == 2
+    assert all(g == got[k % len(shards)] for k, g in enumerate(got))
 
 
 def test_a_missing_shard_is_named(shards, tmp_path):  # noqa: F811 - fixture
     reader = wdsr.WebDatasetReader(local(), "w", ["jpg", "txt"], 4)
     with pytest.raises(wdsr.SourceError, match="is missing; it was listed"):
         reader.read(str(tmp_path / "gone.tar"), 0, 4)
+
+
+def test_a_lease_since_a_mark_opens_what_was_open_before_it_afresh(files):
+    size_of.calls = []
+    before = open_fds()
+    cache: OpenFiles[int] = OpenFiles(limit=4)
+    with cache.lease(files[0], size_of) as (first, _):
+        pass
+    with cache.lease(files[0], size_of, since=0) as (fd, _):  # open since the beginning: the same
+        assert fd == first
+    mark = cache.mark()
+    with cache.lease(files[0], size_of, since=mark) as (fd, _):  # opened before the mark: afresh
+        again = fd
+    with cache.lease(files[0], size_of, since=mark) as (fd, _):  # and now open since the mark
+        assert fd == again
+    assert size_of.calls == [files[0], files[0]] and len(cache) == 1
+    cache.close()
+    assert open_fds() == before
+
+
+def test_a_reader_made_after_a_shard_was_rewritten_in_place_reads_the_new_file(shards, tmp_path,  # noqa: F811
+                                                                                 monkeypatch):
+    """The same file (inode) rewritten: a descriptor left open by an earlier reader would not notice, so a
+    later reader (a new loader) opens and indexes the path afresh."""
+    monkeypatch.setattr(wdsr, "_OPEN", OpenFiles(limit=4))
+    path = tmp_path / "s.tar"
+    shutil.copy(shards[0], path)
+    old = wdsr.WebDatasetReader(local(), "w", ["jpg", "txt"], 4).read(str(path), 0, -1).columns
+    with open(path, "r+b") as f:  # in place: the same inode, new contents
+        f.write(open(shards[1], "rb").read())
+        f.truncate()
+    os.utime(path, ns=(1, 1))  # a version of its own even where the clock's resolution is coarse
+    new = wdsr.WebDatasetReader(local(), "w", ["jpg", "txt"], 4).read(str(path), 0, -1).columns
+    assert new["txt"] != old["txt"]
+    assert new == wdsr.WebDatasetReader(local(), "w", ["jpg", "txt"], 4).read(str(shards[1]), 0, -1).columns

@@ -10,7 +10,9 @@ What a descriptor reads is the file it was opened on, even if the path is replac
 renamed over it), so what was derived from that file when it was opened (a shard's index, keyed by the
 descriptor's own ``fstat``) stays true of every byte read through it. A path replaced while its file is open
 is read as it was when opened; once evicted (least recently used, past ``limit`` files), the next lease opens
-the path afresh and derives again.
+the path afresh and derives again. A lease can ask for a file opened no earlier than a :meth:`mark`
+(``since``): a reader made after a file was rewritten in place, which an open descriptor would not notice,
+then opens it afresh instead of using the descriptor an earlier reader left open.
 
 Example::
 
@@ -32,10 +34,10 @@ T = TypeVar("T")
 
 
 class _Open(Generic[T]):
-    __slots__ = ("fd", "derived", "leases", "evicted")
+    __slots__ = ("fd", "derived", "serial", "leases", "evicted")
 
-    def __init__(self, fd: int, derived: T) -> None:
-        self.fd, self.derived, self.leases, self.evicted = fd, derived, 0, False
+    def __init__(self, fd: int, derived: T, serial: int) -> None:
+        self.fd, self.derived, self.serial, self.leases, self.evicted = fd, derived, serial, 0, False
 
 
 class OpenFiles(Generic[T]):
@@ -51,16 +53,25 @@ class OpenFiles(Generic[T]):
         self.limit = limit
         self._lock = threading.Lock()  # held for bookkeeping only, never across a system call
         self._files: OrderedDict[str, _Open[T]] = OrderedDict()
+        self._opened = 0  # files opened so far: each open file's serial number
         weakref.finalize(self, _close_all, self._files)
 
+    def mark(self) -> int:
+        """A point in time for :meth:`lease`'s ``since``: the count of files opened so far (a file's serial
+        number is the count once it is open, so files opened after the mark have larger ones)."""
+        with self._lock:
+            return self._opened
+
     @contextmanager
-    def lease(self, path: str, derive: Callable[[str, int, os.stat_result], T]) -> Iterator[tuple[int, T]]:
-        """``(fd, derived)`` for ``path``, opened (and ``derive(path, fd, fstat)`` called) if it is not open.
+    def lease(self, path: str, derive: Callable[[str, int, os.stat_result], T],
+              since: int = 0) -> Iterator[tuple[int, T]]:
+        """``(fd, derived)`` for ``path``, opened (and ``derive(path, fd, fstat)`` called) unless it is open
+        since the :meth:`mark` ``since``.
 
         ``FileNotFoundError`` and ``derive``'s errors pass through; nothing stays open after them."""
-        entry = self._take(path)
+        entry = self._take(path, since)
         if entry is None:
-            entry = self._open(path, derive)
+            entry = self._open(path, derive, since)
         try:
             yield entry.fd, entry.derived
         finally:
@@ -70,26 +81,33 @@ class OpenFiles(Generic[T]):
             if done:
                 os.close(entry.fd)
 
-    def _take(self, path: str) -> _Open[T] | None:
+    def _take(self, path: str, since: int) -> _Open[T] | None:
         with self._lock:
             entry = self._files.get(path)
-            if entry is not None:
-                self._files.move_to_end(path)
-                entry.leases += 1
+            if entry is None or entry.serial <= since:
+                return None
+            self._files.move_to_end(path)
+            entry.leases += 1
             return entry
 
-    def _open(self, path: str, derive: Callable[[str, int, os.stat_result], T]) -> _Open[T]:
+    def _open(self, path: str, derive: Callable[[str, int, os.stat_result], T], since: int) -> _Open[T]:
         fd = os.open(path, os.O_RDONLY)
         try:
-            mine = _Open(fd, derive(path, fd, os.fstat(fd)))
+            derived = derive(path, fd, os.fstat(fd))
         except BaseException:
             os.close(fd)
             raise
         closing: list[int] = []
         with self._lock:
             entry = self._files.get(path)
-            if entry is None:  # else another thread opened it meanwhile: theirs is kept, this one closed
-                entry = self._files[path] = mine
+            if entry is None or entry.serial <= since:  # else another thread opened it meanwhile: theirs is kept
+                if entry is not None:  # opened before the mark ``since``: this one replaces it
+                    del self._files[path]
+                    entry.evicted = True
+                    if entry.leases == 0:
+                        closing.append(entry.fd)
+                self._opened += 1
+                entry = self._files[path] = _Open(fd, derived, self._opened)
                 while len(self._files) > self.limit:
                     _, old = self._files.popitem(last=False)
                     old.evicted = True

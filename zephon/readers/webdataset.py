@@ -54,7 +54,7 @@ from .tar_headers import BLOCK, scan_members
 MAX_SIDECAR_BYTES = 256 << 20
 READ_GAP = 1 << 20  # unwanted bytes between two wanted members past which a chunk is read in two requests
 LOCAL_READ_GAP = 4096  # the same for a local shard, where a request costs a system call, not a round trip
-OPEN_SHARDS = 64  # local shards a reader keeps open between chunks (a lane reads its shard chunk by chunk)
+OPEN_SHARDS = 128  # local shards this process keeps open between chunks (a lane reads its shard chunk by chunk)
 TEXT_EXTENSIONS = ("txt", "text")
 INDEX_FORMAT = "zephon-webdataset-index"
 INDEX_VERSION = 1
@@ -62,6 +62,9 @@ SIDECAR_FOLDER = "zephon-wds-index-v1"
 _META = re.compile(r"__[^/]*__($|/)")  # webdataset's skip_meta
 _KEY_EXT = re.compile(r"^((?:.*/|)[^.]+)[.]([^/]*)$")  # webdataset's base_plus_ext
 _INDEXES = LRU(4096)  # (path, size, version) -> ShardIndex, shared by this process's readers
+# local shards open between chunks, each with the index of the file its descriptor reads: one set for the
+# process, like the indexes, so that many loaders in one process (zephon verify) never hold more
+_OPEN: OpenFiles[ShardIndex] = OpenFiles(OPEN_SHARDS)
 
 
 @dataclass(frozen=True, eq=False)
@@ -249,19 +252,13 @@ class WebDatasetReader:
         cache = index_cache or getattr(storage, "cache_dir", None)
         self.sidecars = os.path.join(cache, SIDECAR_FOLDER) if cache else None
         self.text_field = "__key__"
-        self._files = self._open_files()
+        # shards this reader reads through a descriptor opened after it was made: a shard rewritten in place
+        # before then (which an open descriptor would not notice) is opened and indexed afresh
+        self._since = _OPEN.mark()
 
-    def _open_files(self) -> OpenFiles[ShardIndex] | None:
-        """Local shards stay open between chunks (:mod:`zephon.readers.open_files`), each with the index of the
-        file its descriptor reads; other filesystems read byte ranges by path."""
-        return OpenFiles(OPEN_SHARDS) if type(self.fs) is LocalFileSystem else None  # exactly fsspec's
-
-    def __getstate__(self) -> dict:
-        return {k: v for k, v in self.__dict__.items() if k != "_files"}  # descriptors stay in their process
-
-    def __setstate__(self, state: dict) -> None:
+    def __setstate__(self, state: dict) -> None:  # a copy in another process: that process's mark
         self.__dict__.update(state)
-        self._files = self._open_files()
+        self._since = _OPEN.mark()
 
     # -- the index -------------------------------------------------------------------------------------
     def index(self, path: str) -> ShardIndex:
@@ -356,10 +353,12 @@ class WebDatasetReader:
         return members, sizes
 
     def read(self, path: str, start: int, end: int) -> RawChunk:
-        if self._files is None:
+        """Samples [start, end) of a shard. A local shard stays open between chunks (:data:`_OPEN`,
+        :mod:`zephon.readers.open_files`): a chunk is then one ``pread``, no call that hands the GIL over."""
+        if type(self.fs) is not LocalFileSystem:  # exactly fsspec's: a subclass may read its own way
             return self._read(path, self.index(path), start, end)
         try:
-            with self._files.lease(path, self._index_of_open) as (fd, index):
+            with _OPEN.lease(path, self._index_of_open, self._since) as (fd, index):
                 return self._read(path, index, start, end, fd)
         except FileNotFoundError:
             raise self._missing(path) from None
