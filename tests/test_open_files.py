@@ -12,14 +12,50 @@ import threading
 import numpy as np
 import pytest
 
+from zephon.readers import open_files
 from zephon.readers import webdataset as wdsr
 from zephon.readers.open_files import OpenFiles
 
 from .test_vision_webdataset import local, shards  # noqa: F401 - fixtures
 
 
-def open_fds() -> set[int]:
-    return {int(name) for name in os.listdir("/proc/self/fd")}
+class FdLedger:
+    """``os`` as ``zephon.readers.open_files`` sees it, recording its opens and closes: which of the test's
+    files are open now. (A set of ``/proc/self/fd`` would count descriptors of other tests' threads.)"""
+
+    def __init__(self, root: str) -> None:
+        self.root, self.events, self._lock = root, [], threading.Lock()
+
+    def open(self, path, *args, **kwargs):
+        with self._lock:  # the system call and its record together: a descriptor number is reused at once
+            fd = os.open(path, *args, **kwargs)
+            self.events.append(("open", fd, str(path)))
+            return fd
+
+    def close(self, fd: int) -> None:
+        with self._lock:
+            os.close(fd)
+            self.events.append(("close", fd, ""))
+
+    def __getattr__(self, name: str):
+        return getattr(os, name)
+
+    def still_open(self) -> set[int]:
+        """The descriptors of files under the test's folder that were opened and not closed since."""
+        now: dict[int, str] = {}
+        for kind, fd, path in self.events:
+            if kind == "open" and path.startswith(self.root):
+                now[fd] = path
+            else:
+                now.pop(fd, None)
+        return set(now)
+
+
+@pytest.fixture
+def ledger(tmp_path, monkeypatch) -> FdLedger:
+    spy = FdLedger(str(tmp_path))
+    monkeypatch.setattr(open_files, "os", spy)
+    return spy
 
 
 @pytest.fixture
@@ -47,36 +83,33 @@ def test_a_file_is_opened_once_and_read_through_its_descriptor(files):
     cache.close()
 
 
-def test_the_least_recently_used_file_is_closed_past_the_limit(files):
+def test_the_least_recently_used_file_is_closed_past_the_limit(files, ledger):
     size_of.calls = []
-    before = open_fds()
     cache: OpenFiles[int] = OpenFiles(limit=2)
     fds = []
     for path in files[:3]:
         with cache.lease(path, size_of) as (fd, _):
             fds.append(fd)
-    assert len(cache) == 2 and open_fds() - before == set(fds[1:])  # the first one is closed
+    assert len(cache) == 2 and ledger.still_open() == set(fds[1:])  # the first one is closed
     with cache.lease(files[0], size_of):  # opened again, and derived again
         pass
     assert size_of.calls == files[:3] + files[:1]
     cache.close()
-    assert open_fds() == before
+    assert not ledger.still_open()
 
 
-def test_a_file_evicted_while_leased_is_closed_when_the_lease_ends(files):
-    before = open_fds()
+def test_a_file_evicted_while_leased_is_closed_when_the_lease_ends(files, ledger):
     cache: OpenFiles[int] = OpenFiles(limit=1)
     with cache.lease(files[0], size_of) as (fd, _):
         with cache.lease(files[1], size_of):  # evicts files[0], which is being read
             pass
         assert os.pread(fd, 4, 0) == b"\0\0\0\0"  # still open under its reader
-    assert fd not in open_fds() - before
+    assert fd not in ledger.still_open()
     cache.close()
-    assert open_fds() == before
+    assert not ledger.still_open()
 
 
-def test_errors_leave_nothing_open(files, tmp_path):
-    before = open_fds()
+def test_errors_leave_nothing_open(files, tmp_path, ledger):
     cache: OpenFiles[int] = OpenFiles(limit=2)
     with pytest.raises(FileNotFoundError):
         with cache.lease(str(tmp_path / "missing"), size_of):
@@ -88,14 +121,13 @@ def test_errors_leave_nothing_open(files, tmp_path):
     with pytest.raises(ValueError, match="not a shard"):
         with cache.lease(files[0], refuse):
             pass
-    assert len(cache) == 0 and open_fds() == before
+    assert len(cache) == 0 and not ledger.still_open() and ledger.events
     with pytest.raises(ValueError, match="limit >= 1"):
         OpenFiles(limit=0)
 
 
-def test_threads_share_the_files_and_never_read_a_closed_descriptor(files):
+def test_threads_share_the_files_and_never_read_a_closed_descriptor(files, ledger):
     """Eight threads lease six files through a cache of two: evictions happen under readers all the time."""
-    before = open_fds()
     cache: OpenFiles[int] = OpenFiles(limit=2)
     errors: list[BaseException] = []
 
@@ -117,21 +149,20 @@ def test_threads_share_the_files_and_never_read_a_closed_descriptor(files):
         t.join()
     assert not errors and len(cache) <= 2
     cache.close()
-    assert open_fds() == before
+    assert not ledger.still_open()
 
 
-def test_a_dropped_cache_closes_its_files(files):
+def test_a_dropped_cache_closes_its_files(files, ledger):
     import gc
 
-    before = open_fds()
     cache: OpenFiles[int] = OpenFiles(limit=4)
     for path in files[:3]:
         with cache.lease(path, size_of):
             pass
-    assert len(open_fds() - before) == 3
+    assert len(ledger.still_open()) == 3
     del cache
     gc.collect()
-    assert open_fds() == before
+    assert not ledger.still_open()
 
 
 # -- the WebDataset reader over it ------------------------------------------------------------------------
@@ -159,10 +190,10 @@ def test_a_lane_reading_a_shard_chunk_by_chunk_opens_it_once(shards, monkeypatch
 def test_a_shard_replaced_while_open_is_read_as_it_was_opened(shards, tmp_path, monkeypatch):  # noqa: F811
     """A new file renamed over an open shard: the descriptor reads the file its index describes, so the
     lane's chunks stay the planned samples (not the new file's bytes under the old file's offsets)."""
+    monkeypatch.setattr(wdsr, "_OPEN", OpenFiles(limit=4))  # before the reader: it marks this set
     path = tmp_path / "s.tar"
     shutil.copy(shards[0], path)
     reader = wdsr.WebDatasetReader(local(), "w", ["jpg", "txt"], 4)
-    monkeypatch.setattr(wdsr, "_OPEN", OpenFiles(limit=4))
     expected = reader.read(str(path), 0, -1).columns
     first = reader.read(str(path), 0, 4).columns
     replacement = tmp_path / "new.tar"
@@ -191,9 +222,8 @@ def test_a_missing_shard_is_named(shards, tmp_path):  # noqa: F811 - fixture
         reader.read(str(tmp_path / "gone.tar"), 0, 4)
 
 
-def test_a_lease_since_a_mark_opens_what_was_open_before_it_afresh(files):
+def test_a_lease_since_a_mark_opens_what_was_open_before_it_afresh(files, ledger):
     size_of.calls = []
-    before = open_fds()
     cache: OpenFiles[int] = OpenFiles(limit=4)
     with cache.lease(files[0], size_of) as (first, _):
         pass
@@ -206,7 +236,7 @@ def test_a_lease_since_a_mark_opens_what_was_open_before_it_afresh(files):
         assert fd == again
     assert size_of.calls == [files[0], files[0]] and len(cache) == 1
     cache.close()
-    assert open_fds() == before
+    assert not ledger.still_open()
 
 
 def test_a_reader_made_after_a_shard_was_rewritten_in_place_reads_the_new_file(shards, tmp_path,  # noqa: F811

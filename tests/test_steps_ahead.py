@@ -5,6 +5,8 @@ the thread reads back and collates). The text pipeline here asks for it explicit
 
 from __future__ import annotations
 
+import os
+import signal
 import threading
 import time
 
@@ -160,13 +162,72 @@ def test_a_refused_intervention_leaves_the_stream_as_it_was(pipe, runner):
     plain, _ = run(pipe, STEPS, num_workers=0)
     loader = pipe.build(num_workers=2, runner=runner, steps_ahead=3)
     got = [global_digest([next(loader)]) for _ in range(6)]
-    time.sleep(0.2)  # let the thread run ahead
+    wait_for_queued(loader, 3)  # the thread has run ahead
     with pytest.raises(ValueError, match="aim further ahead"):
         loader.set_mixture(CODE_HEAVY, at_step=7)
     assert loader.events == []
+    if runner == "process":  # checked from the delivered steps: the thread and the workers were not touched
+        assert loader._host._queue.qsize() == 3 and loader._host.inner._procs
     got += [global_digest([next(loader)]) for _ in range(6, STEPS)]
     loader.close()
     assert got == plain
+
+
+def wait_for_queued(loader, n: int) -> None:
+    deadline = time.monotonic() + 60
+    while loader._host._queue.qsize() < n and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert loader._host._queue.qsize() == n
+
+
+def test_an_intervention_over_lane_processes_with_steps_queued(pipe):
+    """Applied while the thread holds steps computed with the old mixture: they are dropped, the lane
+    workers restart from the delivered states with the intervention in force."""
+    reference, _ = run_with_intervention(pipe, 1, 0, 10, CODE_HEAVY, steps=STEPS)
+    with pipe.build(num_workers=2, runner="process", steps_ahead=3) as loader:
+        got = [global_digest([next(loader)]) for _ in range(7)]
+        wait_for_queued(loader, 3)
+        assert loader.set_mixture(CODE_HEAVY, at_step=10) == len(loader.lanes)
+        got += [global_digest([next(loader)]) for _ in range(7, STEPS)]
+    assert got == reference
+
+
+def test_closing_does_not_wait_for_a_lane_worker_that_hangs(pipe):
+    """A step awaited from lane workers is given up when the loader closes (a hung worker would otherwise
+    hold close() for ever)."""
+    loader = pipe.build(num_workers=2, runner="process", steps_ahead=2)
+    next(loader)
+    wait_for_queued(loader, 2)
+    host = loader._host.inner
+    for proc in host._procs:  # stopped: alive, but producing nothing more
+        os.kill(proc.pid, signal.SIGSTOP)
+    pids = [proc.pid for proc in host._procs]
+    taken: list[int] = []
+
+    def consume() -> None:  # takes the steps the workers queued before they stopped, then waits with the thread
+        try:
+            for _ in range(20):
+                next(loader)
+                taken.append(1)
+        except RuntimeError:  # the halt below stops the thread this one waits on
+            pass
+
+    try:
+        threading.Thread(target=consume, daemon=True).start()
+        count, deadline = -1, time.monotonic() + 60
+        while count != len(taken) and time.monotonic() < deadline:  # until it stops getting steps
+            count = len(taken)
+            time.sleep(1.0)
+        assert len(taken) < 20  # it waits: the thread is stuck on the stopped workers
+        halting = threading.Thread(target=loader._host._halt, daemon=True)  # (a hang must not hang the suite)
+        halting.start()
+        halting.join(timeout=10)
+        hung = halting.is_alive()
+    finally:
+        for pid in pids:
+            os.kill(pid, signal.SIGCONT)
+    loader.close()
+    assert not hung
 
 
 def fails_at_record_40(record: dict) -> dict:

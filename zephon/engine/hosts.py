@@ -16,6 +16,7 @@ from __future__ import annotations
 import copy
 import os
 import queue
+import threading
 import traceback
 from dataclasses import asdict
 from typing import Any, Callable, Sequence
@@ -160,6 +161,10 @@ def _worker_death(k: int, pid: int, code: int | None) -> str:
         + MAIN_GUARD_HINT
 
 
+class HostInterrupted(RuntimeError):
+    """A step awaited from lane workers was given up (:meth:`ProcessLanes.interrupt`)."""
+
+
 class ProcessLanes:
     """Whole lanes on ``num_workers`` worker processes, computing up to ``prefetch`` steps ahead."""
 
@@ -177,6 +182,12 @@ class ProcessLanes:
         self._procs: list[Any] = []
         self._states: dict[int, dict] = {}
         self._counters: dict[int, LaneCounters] = {lane: LaneCounters() for lane in self.lanes}
+        self._interrupted = threading.Event()
+
+    def interrupt(self) -> None:
+        """Make a :meth:`next_step` that waits on another thread give up (:class:`HostInterrupted`): the
+        steps-ahead thread is being stopped, and the host is rewound, reset or closed before the next step."""
+        self._interrupted.set()
 
     def reset(self, states: dict[int, LaneState]) -> None:
         self._failed = None
@@ -185,6 +196,7 @@ class ProcessLanes:
 
     def _start(self, states: dict[int, dict]) -> None:
         self.close()
+        self._interrupted.clear()
         self._states = dict(states)
         self._counters = {lane: LaneCounters() for lane in self.lanes}
         self._stop = self._ctx.Event()
@@ -202,8 +214,10 @@ class ProcessLanes:
 
     def _get(self, k: int) -> tuple:
         while True:
+            if self._interrupted.is_set():
+                raise HostInterrupted("a step awaited from the lane workers was given up")
             try:
-                return self._queues[k].get(timeout=1.0)
+                return self._queues[k].get(timeout=0.25)
             except queue.Empty:
                 proc = self._procs[k]
                 if not proc.is_alive():
@@ -261,19 +275,26 @@ class ProcessLanes:
 
     def rewind(self, states: dict[int, dict], since: dict[int, list[bytes]]) -> None:
         """Back to a :meth:`mark`: the workers, which ran past it, stop, and the next step starts them again from
-        ``states`` (with the events in force then)."""
+        ``states`` (with the events in force then). A failure of a step past the mark is forgotten with it."""
         self.close()
+        self._failed = None
         self._states, self._since = dict(states), {lane: list(digests) for lane, digests in since.items()}
+
+    def check_event(self, states: dict[int, dict], since: dict[int, list[bytes]]) -> None:
+        """Raise :class:`InterventionTooLate` unless every lane's rows delivered since its sentinel (``since``,
+        from ``states``) replay unchanged with the events in force (the new intervention the last): a replay
+        in this process, which leaves the host and its workers as they are."""
+        local = InlineExecutor(self.program.stages)
+        for lane in self.lanes:
+            state = self.program.parse_state(states[lane], lane) if lane in states else \
+                LaneState.initial(self.program.names)
+            replay_with_events(self.program, lane, state, self.events, since_digest(since.get(lane, [])),
+                               lambda s, k: local, 1)
 
     def apply_event(self, at_step: int) -> int:
         """An intervention (already in ``events``): check in this process that every lane's delivered rows
         replay unchanged with it in force, then restart the lane workers from the delivered states."""
-        local = InlineExecutor(self.program.stages)
-        for lane in self.lanes:
-            state = self.program.parse_state(self._states[lane], lane) if lane in self._states else \
-                LaneState.initial(self.program.names)
-            replay_with_events(self.program, lane, state, self.events, since_digest(self._since.get(lane, [])),
-                               lambda s, k: local, 1)
+        self.check_event(self._states, self._since)
         if self._procs:
             self._start(self._states)
         return len(self.lanes)

@@ -40,7 +40,7 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, fields
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -189,14 +189,19 @@ class ClusterLink:
             closer.join(timeout=20)
         raise RayClusterLost(self._lost_message())
 
-    def wait(self, ref: Any, what: str, timeout_s: float) -> Any:
-        """``ray.get(ref)``, in slices, checking the head between them; at most ``timeout_s`` in all."""
+    def wait(self, ref: Any, what: str, timeout_s: float, given_up: Callable[[], bool] | None = None) -> Any:
+        """``ray.get(ref)``, in slices, checking the head between them; at most ``timeout_s`` in all. Between
+        slices, ``given_up()`` true raises :class:`~zephon.engine.hosts.HostInterrupted`."""
         ray = require_ray()
         deadline = time.monotonic() + timeout_s
         while True:
             try:
                 return ray.get(ref, timeout=WAIT_SLICE_S)
             except ray.exceptions.GetTimeoutError:
+                if given_up is not None and given_up():
+                    from .hosts import HostInterrupted
+
+                    raise HostInterrupted(f"{what} was given up") from None
                 self.check()
                 if time.monotonic() > deadline:
                     raise TimeoutError(f"{what} did not finish within {timeout_s:.0f} s on the Ray cluster at "

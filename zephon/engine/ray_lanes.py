@@ -23,6 +23,7 @@ lanes as ``hosts._lane_worker`` does; a change to one belongs in the other.
 from __future__ import annotations
 
 import os
+import threading
 from collections import deque
 from dataclasses import asdict
 from typing import Any, Sequence
@@ -83,6 +84,7 @@ class RayLanes(ProcessLanes):
         self._procs: list[Any] = []  # the actors (the name ProcessLanes' bookkeeping looks at)
         self._states: dict[int, dict] = {}
         self._counters: dict[int, LaneCounters] = {lane: LaneCounters() for lane in self.lanes}
+        self._interrupted = threading.Event()  # ProcessLanes.interrupt()
         self.opts = RayOptions.make(address, **options)
         check_picklable(program.stages)
         self.fingerprint = str(getattr(program, "fingerprint", ""))
@@ -113,6 +115,7 @@ class RayLanes(ProcessLanes):
 
     def _start(self, states: dict[int, dict]) -> None:
         self.close()
+        self._interrupted.clear()
         ray = require_ray()
         self._states = dict(states)
         self._counters = {lane: LaneCounters() for lane in self.lanes}
@@ -140,7 +143,7 @@ class RayLanes(ProcessLanes):
             queue.append(self._procs[k].step.remote())  # keep `prefetch` steps queued
             try:
                 return self.link.wait(ref, f"a step of Ray lane actor {k} (lanes {self._mine(k)})",
-                                      self.opts.task_timeout_s)
+                                      self.opts.task_timeout_s, given_up=self._interrupted.is_set)
             except ray.exceptions.RayActorError as exc:
                 if exc.actor_init_failed:  # the lanes failed to build there: a new actor would fail the same way
                     self.close()

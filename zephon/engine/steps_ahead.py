@@ -77,6 +77,9 @@ class StepsAhead:
         if self._thread is None:
             return
         self._stop.set()
+        interrupt = getattr(self.inner, "interrupt", None)
+        if interrupt is not None:  # lane workers: a step awaited from them is given up (a worker may hang)
+            interrupt()
         try:
             while self._thread.is_alive():
                 try:  # a thread waiting to put a step gets room
@@ -144,7 +147,13 @@ class StepsAhead:
     def apply_event(self, at_step: int) -> int:
         """An intervention (already the last of ``events``): the thread stops, the host goes back to the
         delivered steps (:meth:`LocalLanes.rewind`, :meth:`ProcessLanes.rewind`) and applies it as it would
-        without steps ahead, refusal included."""
+        without steps ahead, refusal included. Lane workers are checked first, from the delivered mark, in
+        this process: a refusal then leaves the thread, its steps and the workers as they were."""
+        if isinstance(self.inner, ProcessLanes):
+            self.inner.check_event(*self._delivered)  # InterventionTooLate: nothing was touched
+            self._halt()
+            self.inner.rewind(*self._delivered)  # the workers restart at the next step, the event in force
+            return len(self.inner.lanes)
         self._halt()
         self.inner.rewind(*self._delivered)
         return self.inner.apply_event(at_step)

@@ -41,7 +41,7 @@ class _Open(Generic[T]):
 
 
 class OpenFiles(Generic[T]):
-    """At most ``limit`` local files held open (more while leased), shared by the threads of one reader.
+    """At most ``limit`` local files held open (more while leased), shared by the threads that lease them.
 
     A descriptor is closed only when no lease holds it: never under a thread that is reading through it.
     Not shared across processes: a copy of the reader (pickled for a worker process) starts with none open.
@@ -54,7 +54,7 @@ class OpenFiles(Generic[T]):
         self._lock = threading.Lock()  # held for bookkeeping only, never across a system call
         self._files: OrderedDict[str, _Open[T]] = OrderedDict()
         self._opened = 0  # files opened so far: each open file's serial number
-        weakref.finalize(self, _close_all, self._files)
+        weakref.finalize(self, _close_all, self._files, self._lock)
 
     def mark(self) -> int:
         """A point in time for :meth:`lease`'s ``since``: the count of files opened so far (a file's serial
@@ -129,14 +129,18 @@ class OpenFiles(Generic[T]):
         return len(self._files)
 
 
-def _close_all(files: OrderedDict, lock: threading.Lock | None = None) -> None:
+def _close_all(files: OrderedDict, lock: threading.Lock) -> None:
+    if not lock.acquire(timeout=5):  # a daemon thread stopped holding it (interpreter exit): the OS closes them
+        return
     closing = []
-    with lock or threading.Lock():
+    try:
         for entry in files.values():
             entry.evicted = True
             if entry.leases == 0:
                 closing.append(entry.fd)
         files.clear()
+    finally:
+        lock.release()
     for fd in closing:
         try:
             os.close(fd)

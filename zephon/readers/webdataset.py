@@ -360,7 +360,9 @@ class WebDatasetReader:
         try:
             with _OPEN.lease(path, self._index_of_open, self._since) as (fd, index):
                 return self._read(path, index, start, end, fd)
-        except FileNotFoundError:
+        except FileNotFoundError as exc:
+            if exc.filename != path:  # not the shard itself (e.g. an index sidecar's folder)
+                raise
             raise self._missing(path) from None
 
     def _read(self, path: str, index: ShardIndex, start: int, end: int, fd: int = -1) -> RawChunk:
