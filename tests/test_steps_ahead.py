@@ -77,39 +77,30 @@ def test_on_by_default_for_pipelines_that_pack_images_with_workers(pipe, data, v
         pipe.build(num_workers=2, steps_ahead=-1)
 
 
-def test_image_batches_are_the_same_and_resume_on_another_world_size(data, vl_tok):  # noqa: F811 - fixtures
+@pytest.mark.parametrize("lanes,steps,split,world,runner,resume_world,resume_runner", [
+    (8, 8, 4, 2, "thread", 4, "pool"),
+    (4, 6, 3, 2, "process", 1, "process"),  # the lane processes' rows read back ahead
+])
+def test_image_batches_are_the_same_and_resume_on_another_world_size(data, vl_tok, lanes, steps, split,  # noqa: F811
+                                                                     world, runner, resume_world, resume_runner):
     """Pixels, grids and mrope positions included: the digest covers every tensor of the batch."""
-    images = vl_pipeline(data, vl_tok, lanes=8)
-    reference, _ = run(images, 8, num_workers=0)
-    loaders = [images.build(rank=r, world_size=2, num_workers=2, runner="thread") for r in range(2)]
-    for step in range(4):
+    images = vl_pipeline(data, vl_tok, lanes=lanes)
+    reference, _ = run(images, steps, num_workers=0)
+    loaders = [images.build(rank=r, world_size=world, num_workers=2, runner=runner) for r in range(world)]
+    for step in range(split):
         assert global_digest([next(ld) for ld in loaders]) == reference[step]
     state = z.merge_states([ld.state_dict() for ld in loaders])
     for ld in loaders:
         ld.close()
-    resumed = [images.build(rank=r, world_size=4, num_workers=2, runner="pool") for r in range(4)]
+    resumed = [images.build(rank=r, world_size=resume_world, num_workers=2, runner=resume_runner)
+               for r in range(resume_world)]
     for ld in resumed:
         assert isinstance(ld._host, StepsAhead)
         ld.load_state_dict(state)
-    for step in range(4, 8):
+    for step in range(split, steps):
         assert global_digest([next(ld) for ld in resumed]) == reference[step]
     for ld in resumed:
         ld.close()
-
-
-def test_image_batches_from_lane_processes_resume_on_another_world_size(data, vl_tok):  # noqa: F811 - fixtures
-    images = vl_pipeline(data, vl_tok, lanes=4)
-    reference, _ = run(images, 6, num_workers=0)
-    loaders = [images.build(rank=r, world_size=2, num_workers=2, runner="process") for r in range(2)]
-    for step in range(3):
-        assert global_digest([next(ld) for ld in loaders]) == reference[step]
-    state = z.merge_states([ld.state_dict() for ld in loaders])
-    for ld in loaders:
-        ld.close()
-    with images.build(num_workers=2, runner="process") as resumed:
-        assert isinstance(resumed._host, StepsAhead)
-        resumed.load_state_dict(state)
-        assert [global_digest([next(resumed)]) for _ in range(3, 6)] == reference[3:]
 
 
 @pytest.mark.parametrize("runner,ahead", [("thread", 1), ("thread", 3), ("pool", 2), ("process", 2)])

@@ -81,6 +81,13 @@ class LocalLanes:
             lane.counters.clear()
             lane.counters.merge(before[lane.lane])
 
+    def apply_event_from(self, mark: tuple, at_step: int, drop_ahead: Callable[[], None]) -> int:
+        """:meth:`apply_event` as of ``mark`` (taken after the last step delivered), the lanes having run past
+        it: ``drop_ahead()`` stops what steps them (and drops its steps), then they go back to the mark."""
+        drop_ahead()
+        self.rewind(*mark)
+        return self.apply_event(at_step)
+
     def apply_event(self, at_step: int) -> int:
         """An intervention (already in ``events``) from ``at_step``: lanes whose merge has decided documents
         for that step or later are rebuilt at their last sentinel and replayed with it in force; their
@@ -290,6 +297,16 @@ class ProcessLanes:
                 LaneState.initial(self.program.names)
             replay_with_events(self.program, lane, state, self.events, since_digest(since.get(lane, [])),
                                lambda s, k: local, 1)
+
+    def apply_event_from(self, mark: tuple, at_step: int, drop_ahead: Callable[[], None]) -> int:
+        """:meth:`apply_event` as of ``mark`` (taken after the last step delivered), the host having read steps
+        past it: checked from the mark first, so that a refusal leaves everything running; then
+        ``drop_ahead()`` stops what steps the host (and drops its steps), and the workers restart from the mark
+        at the next step."""
+        self.check_event(*mark)
+        drop_ahead()
+        self.rewind(*mark)
+        return len(self.lanes)
 
     def apply_event(self, at_step: int) -> int:
         """An intervention (already in ``events``): check in this process that every lane's delivered rows

@@ -147,16 +147,10 @@ class StepsAhead:
     def apply_event(self, at_step: int) -> int:
         """An intervention (already the last of ``events``): the thread stops, the host goes back to the
         delivered steps (:meth:`LocalLanes.rewind`, :meth:`ProcessLanes.rewind`) and applies it as it would
-        without steps ahead, refusal included. Lane workers are checked first, from the delivered mark, in
-        this process: a refusal then leaves the thread, its steps and the workers as they were."""
-        if isinstance(self.inner, ProcessLanes):
-            self.inner.check_event(*self._delivered)  # InterventionTooLate: nothing was touched
-            self._halt()
-            self.inner.rewind(*self._delivered)  # the workers restart at the next step, the event in force
-            return len(self.inner.lanes)
-        self._halt()
-        self.inner.rewind(*self._delivered)
-        return self.inner.apply_event(at_step)
+        without steps ahead, refusal included (:meth:`LocalLanes.apply_event_from`). Lane workers are checked
+        first, from the delivered mark, in this process: a refusal then leaves the thread, its steps and the
+        workers as they were (:meth:`ProcessLanes.apply_event_from`)."""
+        return self.inner.apply_event_from(self._delivered, at_step, self._halt)
 
     def close(self) -> None:
         self._halt()
