@@ -4,9 +4,11 @@ nothing left open."""
 
 from __future__ import annotations
 
+import io
 import os
 import pickle
 import shutil
+import tarfile
 import threading
 
 import numpy as np
@@ -16,7 +18,8 @@ from zephon.readers import open_files
 from zephon.readers import webdataset as wdsr
 from zephon.readers.open_files import OpenFiles
 
-from .test_vision_webdataset import local, shards  # noqa: F401 - fixtures
+from .test_vision_webdataset import local, members_of, shards  # noqa: F401 - fixtures
+from .vision_data import write_shard
 
 
 class FdLedger:
@@ -254,3 +257,67 @@ def test_a_reader_made_after_a_shard_was_rewritten_in_place_reads_the_new_file(s
     new = wdsr.WebDatasetReader(local(), "w", ["jpg", "txt"], 4).read(str(path), 0, -1).columns
     assert new["txt"] != old["txt"]
     assert new == wdsr.WebDatasetReader(local(), "w", ["jpg", "txt"], 4).read(str(shards[1]), 0, -1).columns
+
+
+
+def test_a_shard_rewritten_in_place_while_open_is_an_error(shards, tmp_path, monkeypatch):  # noqa: F811
+    """The same file (inode) rewritten while a reader holds it open: its descriptor reads the new bytes, so
+    the old index would cut them at the wrong places. Each read checks its first and last member's tar
+    header against the index: the read is refused, naming the shard, and nothing of it is handed out."""
+    monkeypatch.setattr(wdsr, "_OPEN", OpenFiles(limit=4))
+    path = tmp_path / "s.tar"
+    shutil.copy(shards[0], path)
+    reader = wdsr.WebDatasetReader(local(), "w", ["jpg", "txt"], 4)
+    n = len(reader.index(str(path)))
+    first = reader.read(str(path), 0, 4).columns
+    with open(path, "r+b") as f:  # the same bytes again: nothing changed, the reads go on
+        f.write(shards[0].read_bytes())
+    assert reader.read(str(path), 0, 4).columns == first
+    # truncated and written in place: the same names, other sizes (so other places)
+    other = write_shard(tmp_path / "other.tar", [(name, data + b"!" * 600) for name, data in members_of(0)],
+                        tarfile.USTAR_FORMAT)
+    with open(path, "wb") as f:
+        f.write(other.read_bytes())
+    for a in range(0, n, 4):
+        with pytest.raises(wdsr.SourceError, match=r"s\.tar changed while it was being read .* rewritten in place"):
+            reader.read(str(path), a, min(n, a + 4))
+
+
+def pax_shard_with_zero_header_sizes(path, members: list[tuple[str, bytes]]):
+    """A pax shard whose members' sizes are in pax ``size`` records, their own headers' size fields 0 (with
+    the headers' checksums made good): legal, and what a writer that always writes pax sizes may do."""
+    with tarfile.open(path, "w", format=tarfile.PAX_FORMAT) as tf:
+        for name, data in members:
+            info = tarfile.TarInfo(name)
+            info.size, info.pax_headers = len(data), {"size": str(len(data))}
+            tf.addfile(info, io.BytesIO(data))
+    with tarfile.open(path) as tf:
+        heads = [m.offset_data - 512 for m in tf.getmembers()]
+    raw = bytearray(path.read_bytes())
+    for at in heads:
+        block = raw[at:at + 512]
+        block[124:136] = b"00000000000\0"
+        block[148:156] = b" " * 8
+        block[148:156] = b"%06o\0 " % sum(block)
+        raw[at:at + 512] = block
+    path.write_bytes(bytes(raw))
+    with tarfile.open(path) as tf:  # as tarfile reads it: the pax sizes win
+        assert [tf.extractfile(m).read() for m in tf.getmembers()] == [d for _, d in members]
+
+
+def test_a_header_whose_size_a_pax_record_overrides_is_not_a_change(tmp_path, monkeypatch):
+    """The index follows pax ``size`` records, so a header whose own size field says otherwise disagrees
+    with it without any change to the file: the reader scans the shard's headers again, once, finds the
+    samples where the index has them, and reads on."""
+    monkeypatch.setattr(wdsr, "_OPEN", OpenFiles(limit=4))
+    members = [(f"k{i:03d}.{ext}", bytes([i]) * (700 + 37 * i) if ext == "jpg" else f"caption {i}".encode())
+               for i in range(10) for ext in ("jpg", "txt")]
+    path = tmp_path / "pax.tar"
+    pax_shard_with_zero_header_sizes(path, members)
+    scans, real = [], wdsr.scan_members
+    monkeypatch.setattr(wdsr, "scan_members", lambda *a: scans.append(1) or real(*a))
+    reader = wdsr.WebDatasetReader(local(), "w", ["jpg", "txt"], 4)
+    got = [reader.read(str(path), a, min(10, a + 4)).columns for a in (0, 4, 8)]
+    assert [v for c in got for v in c["jpg"]] == [d for n, d in members if n.endswith(".jpg")]
+    assert [v for c in got for v in c["txt"]] == [f"caption {i}" for i in range(10)]
+    assert len(scans) == 2  # the index, then one scan when a header first disagreed

@@ -12,7 +12,9 @@ descriptor's own ``fstat``) stays true of every byte read through it. A path rep
 is read as it was when opened; once evicted (least recently used, past ``limit`` files), the next lease opens
 the path afresh and derives again. A lease can ask for a file opened no earlier than a :meth:`mark`
 (``since``): a reader made after a file was rewritten in place, which an open descriptor would not notice,
-then opens it afresh instead of using the descriptor an earlier reader left open.
+then opens it afresh instead of using the descriptor an earlier reader left open. A file rewritten in
+place while open is read through its descriptor as it is now: a caller checks what it reads against what
+it derived (the WebDataset reader checks tar headers against the index).
 
 Example::
 

@@ -21,7 +21,7 @@ MAX_META_BYTES = 1 << 20  # a GNU long name or a pax header larger than this is 
 _REGULAR = (b"0", b"\x00", b"7")
 
 
-def _number(field: bytes, where: str) -> int:
+def number_field(field: bytes, where: str) -> int:
     """A tar numeric field: octal digits (NUL/space padded) or GNU base-256 (high bit set)."""
     if field[0] & 0x80:
         if field[0] == 0xFF:
@@ -114,7 +114,7 @@ def _walk(f: BinaryIO, size: int, where: str, members: list, blocks: list, store
         if block == ZERO_BLOCK:
             break
         at = f"{where}, tar header at byte {pos}"
-        checksum = _number(block[148:156], at)  # a field that is no number is refused here, as it always was
+        checksum = number_field(block[148:156], at)  # a field that is no number is refused here, as it always was
         blocks.append(block)
         at_pos.append(pos)
         stored.append(checksum)
@@ -122,7 +122,7 @@ def _walk(f: BinaryIO, size: int, where: str, members: list, blocks: list, store
             _check_sums(blocks, stored, at_pos, where)
             del blocks[:], stored[:], at_pos[:]
         kind = block[156:157]
-        msize = _number(block[124:136], at)
+        msize = number_field(block[124:136], at)
         if kind not in (b"L", b"K", b"x", b"g") and "size" in pax:
             if not (pax["size"].isascii() and pax["size"].isdigit() and len(pax["size"]) <= 20):
                 raise SourceError(f"{at}: a pax size of {pax['size']!r}")

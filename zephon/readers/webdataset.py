@@ -19,7 +19,10 @@ the shard is scanned again and the sidecar rewritten. Nothing in a shard or a si
 has at least as many shards as lanes (planning then reads no index at all), else a range of samples; a
 chunk is ``chunk_rows`` samples, aligned to the shard's start, read with one ranged read of the bytes
 from its first wanted member to its last (split only around gaps of unwanted bytes over 1 MiB, such as
-an oversize member or a column not asked for): never a whole-shard download per lane.
+an oversize member or a column not asked for): never a whole-shard download per lane. A local shard
+stays open between chunks (:mod:`zephon.readers.open_files`); a local read starts at its first member's
+tar header, and the headers of the read's first and last member must give the sizes the index has, so a
+shard rewritten in place while open is refused rather than cut at its old offsets.
 
 **Records.** One field per column: ``columns=["jpg", "txt"]`` reads those extensions; ``"jpg;jpeg;png"``
 takes the first of several present and names the field after the first; ``"image=jpg;png"`` names it
@@ -39,6 +42,7 @@ import json
 import os
 import re
 import tempfile
+import weakref
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -49,7 +53,7 @@ from fsspec.implementations.local import LocalFileSystem
 from .base import DEFAULT_DOC_LIMIT, LRU, DocLimit, RawChunk, SourceError, Unit, chunks_in_groups, units_of_groups, \
     utf8_prefix
 from .open_files import OpenFiles
-from .tar_headers import BLOCK, scan_members
+from .tar_headers import BLOCK, number_field, scan_members
 
 MAX_SIDECAR_BYTES = 256 << 20
 READ_GAP = 1 << 20  # unwanted bytes between two wanted members past which a chunk is read in two requests
@@ -65,6 +69,7 @@ _INDEXES = LRU(4096)  # (path, size, version) -> ShardIndex, shared by this proc
 # local shards open between chunks, each with the index of the file its descriptor reads: one set for the
 # process, like the indexes, so that many loaders in one process (zephon verify) never hold more
 _OPEN: OpenFiles[ShardIndex] = OpenFiles(OPEN_SHARDS)
+_LAYOUT_CHECKED: weakref.WeakSet[ShardIndex] = weakref.WeakSet()  # indexes whose headers a read re-scanned
 
 
 @dataclass(frozen=True, eq=False)
@@ -403,7 +408,11 @@ class WebDatasetReader:
         """The members' bytes (``members`` sorted), read in as few ranged reads as the gaps allow: one per run
         of members with at most ``READ_GAP`` unwanted bytes between them from an object store (usually one a
         chunk), at most ``LOCAL_READ_GAP`` from a local shard (a tar header, not an unwanted image), through
-        ``fd`` when the shard is open already."""
+        ``fd`` when the shard is open already.
+
+        A local read starts at the first member's tar header, and the headers of each run's first and last
+        member must give the sizes the index has: a shard rewritten in place while open (which its
+        descriptor reads without notice) is an error, not other bytes under the old index."""
         if not len(members):
             return {}
         local = type(self.fs) is LocalFileSystem  # exactly fsspec's: a subclass may read its own way
@@ -420,21 +429,59 @@ class WebDatasetReader:
             raise self._missing(path) from None
         try:
             for lo, hi, a, b in spans:
+                head = lo - BLOCK if local else lo  # local: from the first member's header, to check it
                 try:  # one call (one GIL release) per span: many small reads would hand the GIL back and forth
-                    blob = _pread_all(fd, hi - lo, lo) if local else self.fs.cat_file(path, start=lo, end=hi)
+                    blob = _pread_all(fd, hi - head, head) if local else self.fs.cat_file(path, start=lo, end=hi)
                 except FileNotFoundError:
                     raise self._missing(path) from None
-                if len(blob) != hi - lo:
-                    raise self._short(path, len(blob), lo, hi)
+                if len(blob) != hi - head:
+                    raise self._short(path, max(0, len(blob) - (lo - head)), lo, hi)
+                if local and not self._headers_agree(index, members[a], members[b - 1], blob, head):
+                    self._check_layout(path, index, fd)
                 if b - a == 1 and len(blob) == lengths[a]:
                     out[int(members[a])] = blob
                     continue
                 for m, o, n in zip(members[a:b].tolist(), starts[a:b].tolist(), lengths[a:b].tolist()):
-                    out[m] = blob[o - lo:o - lo + n]
+                    out[m] = blob[o - head:o - head + n]
         finally:
             if own:
                 os.close(fd)
         return out
+
+    @staticmethod
+    def _headers_agree(index: ShardIndex, first: int, last: int, blob: bytes, head: int) -> bool:
+        """Whether the tar headers of members ``first`` and ``last``, in ``blob`` (read from ``head``), give
+        the sizes the index has for them."""
+        for m in (first, last) if first != last else (first,):
+            at = int(index.offsets[m]) - BLOCK - head
+            try:
+                if number_field(blob[at + 124:at + 136], "") != int(index.sizes[m]):
+                    return False
+            except SourceError:
+                return False
+        return True
+
+    def _check_layout(self, path: str, index: ShardIndex, fd: int) -> None:
+        """A member's header disagrees with the index: scan the open file's headers again, and refuse it
+        unless they give the same samples where the index has them. (They do when a pax ``size`` record,
+        which the index follows, differs from the header's own size field; such a shard is scanned once.)"""
+        if index in _LAYOUT_CHECKED:
+            return
+        where = f"source '{self.source}': shard {path}"
+        size = os.fstat(fd).st_size
+        why = "its tar headers no longer match the index made when it was opened"
+        try:
+            with os.fdopen(os.dup(fd), "rb") as f:
+                f.seek(0)
+                now = group_samples(scan_members(f, size, where), size, where)
+            if (now.size, now.keys, now.exts) == (index.size, index.keys, index.exts) and \
+                    all(np.array_equal(getattr(now, k), getattr(index, k)) for k in ("first", "offsets", "sizes")):
+                _LAYOUT_CHECKED.add(index)
+                return
+        except SourceError as exc:
+            why = f"it no longer reads as a tar file: {exc}"
+        raise SourceError(f"{where} changed while it was being read ({why}): it was rewritten in place. A shard "
+                          f"must not change during a run: write new shards under new names, or start a new run.")
 
     def _missing(self, path: str) -> SourceError:
         return SourceError(f"source '{self.source}': shard {path} is missing; it was listed when the run was "
