@@ -321,3 +321,49 @@ def test_a_header_whose_size_a_pax_record_overrides_is_not_a_change(tmp_path, mo
     assert [v for c in got for v in c["jpg"]] == [d for n, d in members if n.endswith(".jpg")]
     assert [v for c in got for v in c["txt"]] == [f"caption {i}" for i in range(10)]
     assert len(scans) == 2  # the index, then one scan when a header first disagreed
+
+
+def test_open_shards_are_closed_once_no_reader_is_left(shards, ledger, monkeypatch):  # noqa: F811
+    """The process's open shards outlive a loader only while another reader of the process is alive: once
+    the last one is collected, nothing stays open (no descriptor, no deleted file's disk space)."""
+    import gc
+
+    monkeypatch.setattr(wdsr, "_OPEN", OpenFiles(limit=8))
+    ledger.root = str(shards[0].parent)  # the ledger watches the shards' folder
+    first = wdsr.WebDatasetReader(local(), "w", ["jpg", "txt"], 4)
+    second = wdsr.WebDatasetReader(local(), "w", ["jpg", "txt"], 4)
+    for path in shards[:2]:
+        first.read(str(path), 0, 4)
+    second.read(str(shards[2]), 0, 4)
+    assert len(ledger.still_open()) == 3
+    del first
+    gc.collect()
+    assert len(ledger.still_open()) == 3  # the second reader is alive: the set stays as it is
+    del second
+    gc.collect()
+    assert not ledger.still_open() and len(wdsr._OPEN) == 0
+
+
+def test_the_last_owner_collected_while_the_set_is_locked_closes_later(files, ledger):
+    """A finalizer runs inside whatever allocation triggers the collector, even in a block that holds the
+    set's lock: the files are then closed from another thread once the lock is free, never a deadlock."""
+    import gc
+    import time
+
+    class Owner:
+        pass
+
+    cache: OpenFiles[int] = OpenFiles(limit=4)
+    owner = Owner()
+    cache.attach(owner)
+    with cache.lease(files[0], size_of):
+        pass
+    assert len(ledger.still_open()) == 1
+    with cache._lock:
+        del owner
+        gc.collect()
+        assert len(ledger.still_open()) == 1  # could not close under the held lock
+    deadline = time.monotonic() + 10
+    while ledger.still_open() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not ledger.still_open() and len(cache) == 0

@@ -56,7 +56,30 @@ class OpenFiles(Generic[T]):
         self._lock = threading.Lock()  # held for bookkeeping only, never across a system call
         self._files: OrderedDict[str, _Open[T]] = OrderedDict()
         self._opened = 0  # files opened so far: each open file's serial number
+        self._owners = 0  # live objects attached (:meth:`attach`)
+        # its own lock: a finalizer may run inside any allocation, even one made while ``_lock`` is held
+        self._owners_lock = threading.Lock()
         weakref.finalize(self, _close_all, self._files, self._lock)
+
+    def attach(self, owner: object) -> None:
+        """Keep files open for ``owner`` (a reader): once every attached owner has been garbage-collected,
+        every file is closed, so a process holds no descriptor (nor a deleted file's disk space) after the
+        last loader that read through this set is gone."""
+        with self._owners_lock:
+            self._owners += 1
+        weakref.finalize(owner, self._detach)
+
+    def _detach(self) -> None:
+        with self._owners_lock:
+            self._owners -= 1
+            last = self._owners == 0
+        if last and not _close_all(self._files, self._lock, wait=0):
+            # the lock is held, perhaps by this very thread (the collector ran inside a locked block): close
+            # from another thread once it is free
+            try:
+                threading.Thread(target=self.close, name="zephon-open-files-close", daemon=True).start()
+            except RuntimeError:  # interpreter shutdown: the OS closes them
+                pass
 
     def mark(self) -> int:
         """A point in time for :meth:`lease`'s ``since``: the count of files opened so far (a file's serial
@@ -131,9 +154,11 @@ class OpenFiles(Generic[T]):
         return len(self._files)
 
 
-def _close_all(files: OrderedDict, lock: threading.Lock) -> None:
-    if not lock.acquire(timeout=5):  # a daemon thread stopped holding it (interpreter exit): the OS closes them
-        return
+def _close_all(files: OrderedDict, lock: threading.Lock, wait: float = 5) -> bool:
+    """Close every file no lease holds; False if ``lock`` was not free within ``wait`` seconds."""
+    got = lock.acquire(timeout=wait) if wait > 0 else lock.acquire(blocking=False)
+    if not got:  # (at interpreter exit, a daemon thread may have stopped holding it: the OS closes them)
+        return False
     closing = []
     try:
         for entry in files.values():
@@ -148,6 +173,7 @@ def _close_all(files: OrderedDict, lock: threading.Lock) -> None:
             os.close(fd)
         except OSError:
             pass
+    return True
 
 
 __all__ = ["OpenFiles"]

@@ -260,10 +260,12 @@ class WebDatasetReader:
         # shards this reader reads through a descriptor opened after it was made: a shard rewritten in place
         # before then (which an open descriptor would not notice) is opened and indexed afresh
         self._since = _OPEN.mark()
+        _OPEN.attach(self)  # the process's open shards are closed once no reader is left
 
     def __setstate__(self, state: dict) -> None:  # a copy in another process: that process's mark
         self.__dict__.update(state)
         self._since = _OPEN.mark()
+        _OPEN.attach(self)
 
     # -- the index -------------------------------------------------------------------------------------
     def index(self, path: str) -> ShardIndex:
