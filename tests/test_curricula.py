@@ -204,6 +204,27 @@ def test_an_intervention_under_worker_runners(intervened, runner):
     assert run_with_intervention(pipe, 2, 5, 10, CODE_HEAVY, runner=runner, workers=2)[0] == reference
 
 
+@pytest.mark.parametrize("runner,workers,ahead", [("thread", 0, 0), ("process", 2, 0), ("process", 2, 2)])
+def test_counts_go_on_over_an_intervention(intervened, runner, workers, ahead):
+    """Lane workers restart at an intervention (from the delivered states, or rewound from steps computed
+    ahead) and count from zero there: the loader's metrics still only grow, as the inline lanes' do."""
+    pipe, _ = intervened
+    loader = pipe.build(num_workers=workers, runner=runner, steps_ahead=ahead)
+    try:
+        seen = []
+        for step in range(STEPS):
+            if step == 5:
+                loader.set_mixture(CODE_HEAVY, at_step=10)
+            next(loader)
+            m = loader.metrics()
+            seen.append((m["docs"], m["rows_packed"], m["doc_tokens"], m["flushes"]))
+        for before, after in zip(seen, seen[1:]):
+            assert all(a <= b for a, b in zip(before, after)), (before, after)
+        assert seen[-1][0] > seen[5][0] > 0
+    finally:
+        loader.close()
+
+
 def test_an_intervention_for_a_delivered_step_is_refused(corpus, tok):
     loader = pipeline(corpus, tok, shuffle=64).build()
     for _ in range(6):

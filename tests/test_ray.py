@@ -256,11 +256,14 @@ def test_a_mixture_intervention_under_the_ray_runners(cluster, corpus, sp_model)
     def run(runner: str, workers: int, weights: dict | None, steps_ahead: int = 0) -> list[str]:
         loader = pipe.build(num_workers=workers, runner=runner, steps_ahead=steps_ahead)
         try:
-            out = []
+            out, counts = [], []
             for step in range(10):
                 if step == 3 and weights:
                     loader.set_mixture(weights, at_step=6)
                 out.append(global_digest([next(loader)]))
+                counts.append((loader.metrics()["docs"], loader.metrics()["rows_packed"]))
+            # the actors rebuilt at the intervention count from zero: the loader's counts still only grow
+            assert all(a <= b for x, y in zip(counts, counts[1:]) for a, b in zip(x, y)), counts
             return out
         finally:
             loader.close()
@@ -397,10 +400,13 @@ def test_a_killed_lane_actor_is_rebuilt_from_its_delivered_state(cluster, make_r
     loader = build_loader(recipe, num_workers=2, runner="ray-lanes")
     try:
         got = [global_digest([next(loader)]) for _ in range(3)]
+        docs = {lane: c.docs for lane, c in loader._host.counters().items()}
         victim = loader._host.worker_pids()[1]
         os.kill(victim, signal.SIGKILL)
         got += [global_digest([next(loader)]) for _ in range(5)]
         assert loader._host.rebuilds == 1 and not alive(victim)
+        after = {lane: c.docs for lane, c in loader._host.counters().items()}
+        assert sum(docs.values()) > 0 and all(after[lane] >= n for lane, n in docs.items()), (docs, after)  # counted on
     finally:
         loader.close()
     assert got == reference

@@ -17,6 +17,7 @@ import copy
 import os
 import queue
 import threading
+import time
 import traceback
 from dataclasses import asdict
 from typing import Any, Callable, Sequence
@@ -168,6 +169,19 @@ def _worker_death(k: int, pid: int, code: int | None) -> str:
         + MAIN_GUARD_HINT
 
 
+def _counted_on(before: LaneCounters, now: LaneCounters) -> LaneCounters:
+    """A lane's counts over a restart: the totals added, the windows of documents (the realised mixture
+    lately) those of the workers now running once they have any."""
+    out = copy.deepcopy(before)
+    out.merge(now)
+    out.window_docs, out.window_tokens = now.window_docs, dict(now.window_tokens)
+    if now.last_window_tokens or now.window_tokens:
+        out.last_window_tokens = dict(now.last_window_tokens)
+    else:
+        out.last_window_tokens = dict(before.last_window_tokens)
+    return out
+
+
 class HostInterrupted(RuntimeError):
     """A step awaited from lane workers was given up (:meth:`ProcessLanes.interrupt`)."""
 
@@ -189,6 +203,8 @@ class ProcessLanes:
         self._procs: list[Any] = []
         self._states: dict[int, dict] = {}
         self._counters: dict[int, LaneCounters] = {lane: LaneCounters() for lane in self.lanes}
+        # what workers stopped before a restart within the run had counted (they count afresh when started)
+        self._base: dict[int, LaneCounters] = {}
         self._interrupted = threading.Event()
 
     def interrupt(self) -> None:
@@ -198,14 +214,17 @@ class ProcessLanes:
 
     def reset(self, states: dict[int, LaneState]) -> None:
         self._failed = None
-        self._start({k: v.to_dict() for k, v in states.items()})
+        self._start({k: v.to_dict() for k, v in states.items()}, keep_counts=False)
         self._since = {}
 
-    def _start(self, states: dict[int, dict]) -> None:
+    def _start(self, states: dict[int, dict], keep_counts: bool = True) -> None:
+        """Start the workers from ``states``. Within a run (``keep_counts``: an intervention, a rewind) the
+        counts go on from where they were, as :meth:`LocalLanes.rewind`'s do; a reset (a state loaded)
+        counts afresh, as a new :class:`LocalLanes` does."""
         self.close()
         self._interrupted.clear()
         self._states = dict(states)
-        self._counters = {lane: LaneCounters() for lane in self.lanes}
+        self._count_afresh(self.lanes, keep_counts)
         self._stop = self._ctx.Event()
         self._outbox = Outbox()
         self._queues, self._procs = [], []
@@ -273,7 +292,21 @@ class ProcessLanes:
         return {lane: self._states.get(lane, LaneState.initial(self.program.names).to_dict()) for lane in self.lanes}
 
     def counters(self) -> dict[int, LaneCounters]:
-        return self._counters
+        if not self._base:
+            return self._counters
+        return {lane: _counted_on(self._base[lane], c) if lane in self._base else c
+                for lane, c in self._counters.items()}
+
+    def _count_afresh(self, lanes: Sequence[int], keep_counts: bool = True) -> None:
+        """The workers of ``lanes`` are about to start, and count from zero: keep what their lanes counted so
+        far (``keep_counts``), or forget it."""
+        now = self.counters()
+        for lane in lanes:
+            if keep_counts and vars(now[lane]) != vars(LaneCounters()):
+                self._base[lane] = now[lane]
+            else:
+                self._base.pop(lane, None)
+            self._counters[lane] = LaneCounters()
 
     def mark(self) -> tuple[dict[int, dict], dict[int, list[bytes]]]:
         """What :meth:`rewind` needs to come back to this point: the lanes' states and the digests of the rows
@@ -328,10 +361,18 @@ class ProcessLanes:
                         discard(item[1])
             except (queue.Empty, OSError, ValueError):
                 pass
+        # one deadline for all: a worker stopped or hung (not just busy) must not hold close() 5 s per worker;
+        # then SIGTERM, and SIGKILL for one that cannot take it (a stopped process keeps a SIGTERM pending)
+        deadline = time.monotonic() + 5
         for proc in self._procs:
-            proc.join(timeout=5)
+            proc.join(timeout=max(0.0, deadline - time.monotonic()))
+        for proc in self._procs:
             if proc.is_alive():
                 proc.terminate()
+        for proc in self._procs:
+            proc.join(timeout=1)
+            if proc.is_alive():
+                proc.kill()
                 proc.join(timeout=5)
         for q in self._queues:
             q.close()

@@ -84,6 +84,7 @@ class RayLanes(ProcessLanes):
         self._procs: list[Any] = []  # the actors (the name ProcessLanes' bookkeeping looks at)
         self._states: dict[int, dict] = {}
         self._counters: dict[int, LaneCounters] = {lane: LaneCounters() for lane in self.lanes}
+        self._base: dict[int, LaneCounters] = {}  # ProcessLanes.counters(): counts kept over restarts
         self._interrupted = threading.Event()  # ProcessLanes.interrupt()
         self.opts = RayOptions.make(address, **options)
         check_picklable(program.stages)
@@ -113,12 +114,12 @@ class RayLanes(ProcessLanes):
         self._pending[k] = deque(actor.step.remote() for _ in range(self.prefetch))
         return actor
 
-    def _start(self, states: dict[int, dict]) -> None:
+    def _start(self, states: dict[int, dict], keep_counts: bool = True) -> None:
         self.close()
         self._interrupted.clear()
         ray = require_ray()
         self._states = dict(states)
-        self._counters = {lane: LaneCounters() for lane in self.lanes}
+        self._count_afresh(self.lanes, keep_counts)
         if self._pipeline_ref is None:
             self._pipeline_ref = ray.put(self.pipeline)  # sent once; every actor (and rebuild) reads it there
         self._pg = reserve(self.link, self.num_workers, self.opts.num_cpus, "SPREAD", self.opts.placement_timeout_s,
@@ -160,6 +161,7 @@ class RayLanes(ProcessLanes):
                 except Exception:  # noqa: BLE001 - it is dead already
                     pass
                 self.rebuilds += 1
+                self._count_afresh(self._mine(k))
                 self._procs[k] = self._spawn(k)
             except BaseException:
                 self.close()
