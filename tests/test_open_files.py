@@ -367,3 +367,69 @@ def test_the_last_owner_collected_while_the_set_is_locked_closes_later(files, le
     while ledger.still_open() and time.monotonic() < deadline:
         time.sleep(0.01)
     assert not ledger.still_open() and len(cache) == 0
+
+
+def test_threads_reading_a_pax_shard_for_the_first_time_at_once(tmp_path, monkeypatch):
+    """Two threads meet the disagreeing headers of a pax shard together and both scan it again through the
+    descriptor they share: each scan reads from a position of its own (a ``dup`` would share one, and the
+    two scans would read each other's blocks and call the shard corrupt)."""
+    import threading as th
+
+    monkeypatch.setattr(wdsr, "_OPEN", OpenFiles(limit=4))
+    members = [(f"k{i:05d}.{ext}", bytes([i % 251]) * (300 + i % 97) if ext == "jpg" else b"c")
+               for i in range(1500) for ext in ("jpg", "txt")]
+    path = tmp_path / "pax.tar"
+    pax_shard_with_zero_header_sizes(path, members)
+    reader = wdsr.WebDatasetReader(local(), "w", ["jpg", "txt"], 4)
+    for _ in range(10):
+        wdsr._LAYOUT_CHECKED.clear()  # a first meeting again
+        start, errors = th.Barrier(2), []
+
+        def read(a: int) -> None:
+            start.wait()
+            try:
+                assert reader.read(str(path), a, a + 4).columns["txt"] == ["c"] * 4
+            except Exception as exc:  # noqa: BLE001 - collected for the assertion below
+                errors.append(exc)
+
+        threads = [th.Thread(target=read, args=(a,)) for a in (0, 700)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert not errors, errors
+
+
+def test_a_pax_shard_found_unchanged_is_still_checked_after(tmp_path, monkeypatch):
+    """A shard scanned again and found as indexed is remembered with its size and mtime: rewritten in place
+    later, it is scanned again and refused."""
+    monkeypatch.setattr(wdsr, "_OPEN", OpenFiles(limit=4))
+    members = [(f"k{i:03d}.{ext}", bytes([i]) * (700 + 37 * i) if ext == "jpg" else b"caption")
+               for i in range(10) for ext in ("jpg", "txt")]
+    path = tmp_path / "pax.tar"
+    pax_shard_with_zero_header_sizes(path, members)
+    reader = wdsr.WebDatasetReader(local(), "w", ["jpg", "txt"], 4)
+    reader.read(str(path), 0, 4)
+    other = tmp_path / "other.tar"
+    pax_shard_with_zero_header_sizes(other, [(n, d + b"!" * 900) for n, d in members])
+    data = other.read_bytes()
+    with open(path, "wb") as f:  # in place: the reader's descriptor now reads these bytes
+        f.write(data)
+    os.utime(path, ns=(1, 1))  # another mtime, however coarse the file system's clock
+    with pytest.raises(wdsr.SourceError, match="changed while it was being read"):
+        reader.read(str(path), 4, 8)
+
+
+def test_a_large_member_alone_in_its_read_is_handed_out_as_read(tmp_path, monkeypatch):
+    """A local member larger than LARGE_MEMBER with no wanted neighbour within LOCAL_READ_GAP is read on
+    its own (its header apart, for the check), and the bytes read are the member: no copy."""
+    monkeypatch.setattr(wdsr, "_OPEN", OpenFiles(limit=4))
+    big = [os.urandom(wdsr.LARGE_MEMBER + 1000 * i + 1) for i in range(3)]
+    members = [(f"k{i}.{ext}", big[i] if ext == "bin" else os.urandom(8000)) for i in range(3) for ext in ("bin", "pad")]
+    path = write_shard(tmp_path / "big.tar", members, tarfile.USTAR_FORMAT)
+    reads = []
+    real = wdsr._pread_all
+    monkeypatch.setattr(wdsr, "_pread_all", lambda *a: reads.append(real(*a)) or reads[-1])
+    got = wdsr.WebDatasetReader(local(), "w", ["bin"], 4).read(str(path), 0, 3).columns["bin"]
+    assert got == big
+    assert all(any(g is r for r in reads) for g in got)  # each is the very object read

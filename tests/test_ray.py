@@ -399,14 +399,22 @@ def test_a_killed_lane_actor_is_rebuilt_from_its_delivered_state(cluster, make_r
     reference = global_hashes(recipe, 1, 8, plan=WorkPlan(recipe))
     loader = build_loader(recipe, num_workers=2, runner="ray-lanes")
     try:
-        got = [global_digest([next(loader)]) for _ in range(3)]
-        docs = {lane: c.docs for lane, c in loader._host.counters().items()}
+        got, docs = [], []  # docs: each lane's count after each step
+
+        def step() -> None:
+            got.append(global_digest([next(loader)]))
+            docs.append({lane: c.docs for lane, c in loader._host.counters().items()})
+
+        for _ in range(3):
+            step()
         victim = loader._host.worker_pids()[1]
         os.kill(victim, signal.SIGKILL)
-        got += [global_digest([next(loader)]) for _ in range(5)]
+        for _ in range(5):
+            step()
         assert loader._host.rebuilds == 1 and not alive(victim)
-        after = {lane: c.docs for lane, c in loader._host.counters().items()}
-        assert sum(docs.values()) > 0 and all(after[lane] >= n for lane, n in docs.items()), (docs, after)  # counted on
+        # the rebuilt actor's lanes count on from their counts, step by step (not from zero)
+        assert sum(docs[2][lane] for lane in loader._host._mine(1)) > 0
+        assert all(a[lane] <= b[lane] for a, b in zip(docs, docs[1:]) for lane in a), docs
     finally:
         loader.close()
     assert got == reference

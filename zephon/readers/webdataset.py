@@ -38,6 +38,7 @@ a binary member is skipped) or an error.
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os
 import re
@@ -58,6 +59,7 @@ from .tar_headers import BLOCK, number_field, scan_members
 MAX_SIDECAR_BYTES = 256 << 20
 READ_GAP = 1 << 20  # unwanted bytes between two wanted members past which a chunk is read in two requests
 LOCAL_READ_GAP = 4096  # the same for a local shard, where a request costs a system call, not a round trip
+LARGE_MEMBER = 1 << 20  # a local member alone in its read and larger than this is read without its header
 OPEN_SHARDS = 128  # local shards this process keeps open between chunks (a lane reads its shard chunk by chunk)
 TEXT_EXTENSIONS = ("txt", "text")
 INDEX_FORMAT = "zephon-webdataset-index"
@@ -69,7 +71,8 @@ _INDEXES = LRU(4096)  # (path, size, version) -> ShardIndex, shared by this proc
 # local shards open between chunks, each with the index of the file its descriptor reads: one set for the
 # process, like the indexes, so that many loaders in one process (zephon verify) never hold more
 _OPEN: OpenFiles[ShardIndex] = OpenFiles(OPEN_SHARDS)
-_LAYOUT_CHECKED: weakref.WeakSet[ShardIndex] = weakref.WeakSet()  # indexes whose headers a read re-scanned
+# indexes whose file's headers a read scanned again and found as indexed, with that file's (size, mtime)
+_LAYOUT_CHECKED: weakref.WeakKeyDictionary[ShardIndex, tuple[int, int]] = weakref.WeakKeyDictionary()
 
 
 @dataclass(frozen=True, eq=False)
@@ -212,6 +215,39 @@ def _version(info: dict) -> str:
     return ""
 
 
+class _PreadRaw(io.RawIOBase):
+    """A descriptor read with ``os.pread`` from a position of its own: threads reading the same descriptor
+    do not move each other's position (a ``dup`` shares it). The descriptor stays open on close."""
+
+    def __init__(self, fd: int) -> None:
+        super().__init__()
+        self._fd, self._pos = fd, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        data = os.pread(self._fd, len(buffer), self._pos)
+        buffer[:len(data)] = data
+        self._pos += len(data)
+        return len(data)
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos}.get(whence)
+        self._pos = (os.fstat(self._fd).st_size if base is None else base) + offset
+        return self._pos
+
+    def tell(self) -> int:
+        return self._pos
+
+
+def _pread_file(fd: int) -> io.BufferedReader:
+    return io.BufferedReader(_PreadRaw(fd), buffer_size=1 << 16)
+
+
 def _pread_all(fd: int, n: int, offset: int) -> bytes:
     """``n`` bytes at ``offset``, fewer only at the end of the file: one ``pread`` returns at most ~2 GiB."""
     blob = os.pread(fd, n, offset)
@@ -290,7 +326,7 @@ class WebDatasetReader:
             if found is not None:
                 return found
         where = f"source '{self.source}': shard {path}"
-        with (os.fdopen(os.dup(fd), "rb") if fd >= 0 else self.fs.open(path, "rb")) as f:
+        with (_pread_file(fd) if fd >= 0 else self.fs.open(path, "rb")) as f:
             f.seek(0)
             index = group_samples(scan_members(f, size, where), size, where)
         if self.sidecars:
@@ -431,15 +467,20 @@ class WebDatasetReader:
             raise self._missing(path) from None
         try:
             for lo, hi, a, b in spans:
-                head = lo - BLOCK if local else lo  # local: from the first member's header, to check it
+                # local: from the first member's header, to check it; but a large member alone in its read
+                # is read exactly (its header apart), so that it is handed out without a copy
+                alone = local and b - a == 1 and hi - lo > LARGE_MEMBER
+                head = lo - BLOCK if local and not alone else lo
                 try:  # one call (one GIL release) per span: many small reads would hand the GIL back and forth
                     blob = _pread_all(fd, hi - head, head) if local else self.fs.cat_file(path, start=lo, end=hi)
                 except FileNotFoundError:
                     raise self._missing(path) from None
                 if len(blob) != hi - head:
                     raise self._short(path, max(0, len(blob) - (lo - head)), lo, hi)
-                if local and not self._headers_agree(index, members[a], members[b - 1], blob, head):
-                    self._check_layout(path, index, fd)
+                if local:
+                    headers, at = (os.pread(fd, BLOCK, lo - BLOCK), lo - BLOCK) if alone else (blob, head)
+                    if not self._headers_agree(index, members[a], members[b - 1], headers, at):
+                        self._check_layout(path, index, fd)
                 if b - a == 1 and len(blob) == lengths[a]:
                     out[int(members[a])] = blob
                     continue
@@ -467,18 +508,18 @@ class WebDatasetReader:
         """A member's header disagrees with the index: scan the open file's headers again, and refuse it
         unless they give the same samples where the index has them. (They do when a pax ``size`` record,
         which the index follows, differs from the header's own size field; such a shard is scanned once.)"""
-        if index in _LAYOUT_CHECKED:
+        st = os.fstat(fd)
+        seen = (st.st_size, st.st_mtime_ns)
+        if _LAYOUT_CHECKED.get(index) == seen:  # scanned already, and the file has not changed since
             return
         where = f"source '{self.source}': shard {path}"
-        size = os.fstat(fd).st_size
         why = "its tar headers no longer match the index made when it was opened"
         try:
-            with os.fdopen(os.dup(fd), "rb") as f:
-                f.seek(0)
-                now = group_samples(scan_members(f, size, where), size, where)
+            with _pread_file(fd) as f:  # other threads read through ``fd`` meanwhile: no shared position
+                now = group_samples(scan_members(f, st.st_size, where), st.st_size, where)
             if (now.size, now.keys, now.exts) == (index.size, index.keys, index.exts) and \
                     all(np.array_equal(getattr(now, k), getattr(index, k)) for k in ("first", "offsets", "sizes")):
-                _LAYOUT_CHECKED.add(index)
+                _LAYOUT_CHECKED[index] = seen
                 return
         except SourceError as exc:
             why = f"it no longer reads as a tar file: {exc}"
