@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field
 from typing import Mapping
 
@@ -47,6 +48,16 @@ class LaneCounters:
         """Zero every counter in place (the lane's nodes hold this same object)."""
         for name, value in vars(LaneCounters()).items():
             setattr(self, name, value)
+
+    def followed_by(self, later: "LaneCounters") -> "LaneCounters":
+        """These counts, then ``later``'s (a lane's workers restarted and counting from zero): the totals
+        added; the windows of documents (the realised mixture lately) ``later``'s once it has any."""
+        out = copy.deepcopy(self)
+        out.merge(later)
+        out.window_docs, out.window_tokens = later.window_docs, dict(later.window_tokens)
+        recent = later if later.last_window_tokens or later.window_tokens else self
+        out.last_window_tokens = dict(recent.last_window_tokens)
+        return out
 
     def merge(self, other: "LaneCounters") -> None:
         """Add ``other``'s totals to these."""

@@ -169,19 +169,6 @@ def _worker_death(k: int, pid: int, code: int | None) -> str:
         + MAIN_GUARD_HINT
 
 
-def _counted_on(before: LaneCounters, now: LaneCounters) -> LaneCounters:
-    """A lane's counts over a restart: the totals added, the windows of documents (the realised mixture
-    lately) those of the workers now running once they have any."""
-    out = copy.deepcopy(before)
-    out.merge(now)
-    out.window_docs, out.window_tokens = now.window_docs, dict(now.window_tokens)
-    if now.last_window_tokens or now.window_tokens:
-        out.last_window_tokens = dict(now.last_window_tokens)
-    else:
-        out.last_window_tokens = dict(before.last_window_tokens)
-    return out
-
-
 class HostInterrupted(RuntimeError):
     """A step awaited from lane workers was given up (:meth:`ProcessLanes.interrupt`)."""
 
@@ -294,7 +281,7 @@ class ProcessLanes:
     def counters(self) -> dict[int, LaneCounters]:
         if not self._base:
             return self._counters
-        return {lane: _counted_on(self._base[lane], c) if lane in self._base else c
+        return {lane: self._base[lane].followed_by(c) if lane in self._base else c
                 for lane, c in self._counters.items()}
 
     def _count_afresh(self, lanes: Sequence[int], keep_counts: bool = True) -> None:

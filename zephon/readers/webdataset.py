@@ -98,6 +98,11 @@ class ShardIndex:
     def __len__(self) -> int:
         return len(self.keys)
 
+    def same_layout(self, other: "ShardIndex") -> bool:
+        """The same samples, members, extensions, offsets and sizes."""
+        return (self.size, self.keys, self.exts) == (other.size, other.keys, other.exts) and \
+            all(np.array_equal(getattr(self, k), getattr(other, k)) for k in ("first", "offsets", "sizes"))
+
     def to_json(self, path: str, version: str) -> bytes:
         body = {"path": path, "size": self.size, "version": version, "keys": self.keys,
                 "first": self.first.tolist(), "exts": self.exts, "offsets": self.offsets.tolist(),
@@ -517,8 +522,7 @@ class WebDatasetReader:
         try:
             with _pread_file(fd) as f:  # other threads read through ``fd`` meanwhile: no shared position
                 now = group_samples(scan_members(f, st.st_size, where), st.st_size, where)
-            if (now.size, now.keys, now.exts) == (index.size, index.keys, index.exts) and \
-                    all(np.array_equal(getattr(now, k), getattr(index, k)) for k in ("first", "offsets", "sizes")):
+            if now.same_layout(index):
                 _LAYOUT_CHECKED[index] = seen
                 return
         except SourceError as exc:
