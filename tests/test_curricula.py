@@ -171,7 +171,8 @@ def intervened(corpus, tok):
     pipe = pipeline(corpus, tok, shuffle=6, flush_every=8)  # segments long enough for mixers to lead delivery
     hashes, _ = run_with_intervention(pipe, 1, 0, 10, CODE_HEAVY)
     plain = global_hashes(pipe, 1, STEPS)
-    assert hashes[:5] == plain[:5] and hashes[12:] != plain[12:]  # it changed the data, from some steps before 10
+    assert hashes[:10] == plain[:10]  # "at step 10" is exact: nothing before it changes
+    assert hashes[10:] != plain[10:]  # and the data from step 10 on did change
     return pipe, hashes
 
 
@@ -181,15 +182,31 @@ def test_an_intervention_is_deterministic_whenever_it_is_issued(intervened, worl
     assert run_with_intervention(pipe, world, call_at, 10, CODE_HEAVY)[0] == reference
 
 
-def test_an_intervention_issued_after_lanes_mixed_past_it_rewinds_them(intervened):
-    """Called after step 7 for step 10: with a shuffle buffer some mixers have already decided documents
-    for step 10 (the clock leads delivery), not yet delivered: those lanes are rebuilt at their last
-    sentinel and replayed with the intervention, and nothing delivered changes. After step 8 it is too
-    late (some step-10 documents are delivered already): refused, see the next test."""
+@pytest.mark.parametrize("call_at", [7, 10])
+def test_an_intervention_issued_after_lanes_mixed_past_it_rewinds_them(intervened, call_at):
+    """Lanes that compute steps ahead of the trainer (steps_ahead) have mixed past step 10 when the call
+    comes: they are rewound to the delivered step, rebuilt at their last sentinel and replayed with the
+    intervention, and nothing delivered changes. The call may come as late as the step itself (10)."""
     pipe, reference = intervened
-    for world in (1, 2):
-        hashes, rebuilt = run_with_intervention(pipe, world, 7, 10, CODE_HEAVY)
-        assert sum(rebuilt) > 0 and hashes == reference
+    loader = pipe.build(num_workers=1, steps_ahead=4)
+    try:
+        hashes = []
+        for step in range(STEPS):
+            if step == call_at:
+                rebuilt = loader.set_mixture(CODE_HEAVY, at_step=10)
+            hashes.append(global_digest([next(loader)]))
+        assert rebuilt > 0 and hashes == reference
+    finally:
+        loader.close()
+
+
+@pytest.mark.parametrize("world", [1, 2])
+def test_an_intervention_for_the_next_step_is_exact(intervened, world):
+    """The latest call: after step 9 was delivered, for step 10. Synchronous lanes have made no decision
+    for step 10 yet, so nothing is replayed, and the run equals the one that knew from the start."""
+    pipe, reference = intervened
+    hashes, rebuilt = run_with_intervention(pipe, world, 10, 10, CODE_HEAVY)
+    assert sum(rebuilt) == 0 and hashes == reference
 
 
 def test_an_intervention_before_a_checkpoint_is_applied_after_the_resume(intervened):
@@ -230,10 +247,10 @@ def test_an_intervention_for_a_delivered_step_is_refused(corpus, tok):
     for _ in range(6):
         next(loader)
     with pytest.raises(ValueError, match="already delivered"):
-        loader.set_mixture(CODE_HEAVY, at_step=6)
-    with pytest.raises(ValueError, match="aim further ahead"):  # decided for step 7, and already delivered
-        loader.set_mixture(CODE_HEAVY, at_step=7)
+        loader.set_mixture(CODE_HEAVY, at_step=5)
     assert loader.events == []
+    loader.set_mixture(CODE_HEAVY, at_step=6)  # the next step: not delivered yet
+    assert loader.events == [(6, CODE_HEAVY)]
     with pytest.raises(z.StateError, match="unknown sources"):
         loader.set_mixture({"nope": 1.0}, at_step=40)
 

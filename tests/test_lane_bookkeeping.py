@@ -1,6 +1,6 @@
 """The lane's per-document bookkeeping, done lazily: what it reports must equal the eager computation.
 
-The merge no longer asks the step clock for every document, nor counts documents one by one: the clock
+The merge does not ask the step clock for every document, nor count documents one by one: the clock
 works out the latest decided step when an intervention asks (:attr:`LaneClock.decided`), and the source
 streams book documents, pieces and tokens per chunk (:meth:`SourceStream.settle`). Both must give
 exactly what the per-document computation gave, at any point of a run and across sentinels.
@@ -43,11 +43,11 @@ def test_decided_step_and_counters_equal_the_per_document_computation(make_recip
         next(it)
         for lane in loader._host._lanes:
             key = id(lane.clock)
-            assert lane.decided_step == eager_steps[key], (step, lane.lane)
+            assert lane.decided_step == eager_steps[key] <= step, (step, lane.lane)  # never ahead of delivery
             c = lane.counters
             want = eager_counts[key]
             assert (c.docs, c.pieces_split, c.doc_tokens) == (want["docs"], want["pieces"], want["tokens"])
             assert sum(c.source_tokens.values()) == want["tokens"]
-            sentinels_seen |= lane.clock.segment > 1
+            sentinels_seen |= c.flushes > 1
     assert sentinels_seen and any(v["pieces"] for v in eager_counts.values())
     loader.close()

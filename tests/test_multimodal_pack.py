@@ -22,6 +22,7 @@ from zephon.engine.nodes import AccumulatorNode
 from zephon.ops.base import LaneContext
 from zephon.ops.image_layout import ImageLimits, ImageTooLarge, cut_points, piece, safe_cut
 from zephon.ops.pack import Pack
+from zephon.state.lane import StateError
 from zephon.ops.split import Split
 from zephon.records import IGNORE, Chunk, Doc, Flush, Row, columns_from_records
 from zephon.testing import check_accumulator
@@ -291,7 +292,7 @@ def test_an_image_larger_than_a_row_is_an_error_that_names_the_fix():
 def test_a_carry_that_ends_inside_an_image_is_refused():
     s = Stream()
     doc = s.doc([2, (2, 2), 3])
-    with pytest.raises(RuntimeError, match="inside an image"):
+    with pytest.raises(StateError, match="inside an image"):
         run(Pack(LaneContext(0, 0, carry=4), 16, "best_fit", 2, FIELDS), [doc])
 
 

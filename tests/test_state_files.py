@@ -36,7 +36,13 @@ def state(recipe):
     st = json.loads(json.dumps(loader.state_dict()))
     assert sum(lane["rows_since_flush"] > 0 and lane["sentinels"] > 0 for lane in st["lanes"].values()) >= 8
     assert any(lane["positions"]["code"][1] > 0 for lane in st["lanes"].values())
+    assert any(lane["clock"][1] >= 1 and lane["rows_since_flush"] for lane in st["lanes"].values())  # a held row
     return st
+
+
+def lane_with_release(state: dict) -> str:
+    """A lane whose packer held a row over its last sentinel and released it at a document after it."""
+    return next(k for k, v in state["lanes"].items() if v["clock"][1] >= 1)
 
 
 def lane_with_cursor(state: dict) -> str:
@@ -64,7 +70,18 @@ EDITS = {
         lambda s: (s.update(step=s["step"] + 5000),
                    [lane.update(rows_since_flush=lane["rows_since_flush"] + 10000) for lane in s["lanes"].values()]),
         r"lane \d+: the state says \d+ rows were delivered after its last sentinel"),
-    "clock tokens as a float": (lambda s: s["lanes"]["1"]["clock"].__setitem__(1, 1.5), r"lane 1: clock\[1\] must be"),
+    "clock release as a float": (lambda s: s["lanes"]["1"]["clock"].__setitem__(1, 1.5),
+                                 r"lane 1: clock\[1\] \(release\) must be an integer"),
+    "clock release below -1": (lambda s: s["lanes"]["1"]["clock"].__setitem__(1, -2),
+                               r"lane 1: clock\[1\] \(release\) = -2 is outside"),
+    "a carry without a held row": (lambda s: (s["lanes"]["1"]["clock"].__setitem__(1, -1),
+                                              s["lanes"]["1"].update(carry=5)), r"lane 1: clock .* cannot happen"),
+    "release moved later than the carry ends": (
+        lambda s: s["lanes"][lane_with_release(s)]["clock"].__setitem__(1, s["lanes"][lane_with_release(s)]["clock"][1] + 3),
+        r"does not agree with the data"),
+    "release at the next sentinel though the carry ends earlier": (
+        lambda s: s["lanes"][lane_with_release(s)]["clock"].__setitem__(1, 0), r"does not agree with the data"),
+    "clock of three numbers": (lambda s: s["lanes"]["1"]["clock"].append(0), r"lane 1: clock must be \[rows, release\]"),
     "unit_seq + 1": (lambda s: s["lanes"]["2"]["positions"]["web"].__setitem__(0, s["lanes"]["2"]["positions"]["web"][0] + 1),
                      None),
     "negative skip": (lambda s: s["lanes"]["0"]["positions"]["web"].__setitem__(2, -3), r"lane 0: .*skip\) = -3"),

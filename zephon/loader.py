@@ -20,7 +20,7 @@ from .engine.counters import LaneCounters
 from .engine.executors import EXECUTOR_KINDS, Executor, make_executor
 from .engine.hosts import LocalLanes, ProcessLanes
 from .engine.steps_ahead import StepsAhead
-from .engine.lane import InterventionTooLate, lane_depth
+from .engine.lane import lane_depth
 from .engine.tokenizer_pool import uses_hf_tokenizer
 from .pipeline import Pipeline
 from .recipe import Recipe, load_recipe
@@ -323,34 +323,42 @@ class ZephonLoader:
         return parsed
 
     def set_mixture(self, weights: Mapping[str, float], at_step: int, group: Any = None) -> int:
-        """Use ``weights`` (source name -> weight; 0: not read) from global step ``at_step`` on.
+        """Use ``weights`` from global step ``at_step`` on: every batch before it stays as it would have been.
 
-        Deterministic whatever the prefetch and timing: the mixing decisions that belong to ``at_step`` and
-        later (by each lane's step clock, see docs/design.md) use the new weights; a lane that has already
-        decided some of them is rebuilt at its last sentinel and replays with the intervention in force.
-        The intervention is recorded in the state, so a resume at any world size replays it. Every rank
-        must make the same call: in a process group they are compared (``group``) and a mismatch is an
-        error naming the ranks. An ``at_step`` whose data a lane has already delivered is refused. Returns
-        the number of this rank's lanes that were rebuilt and replayed.
+        Exact whatever the prefetch, the runner and the timing: a mixing decision belongs to the step of the
+        rows its lane had completed when it was made (the step clock, docs/design.md), so the batches before
+        ``at_step`` are byte-identical to the run without the call, and every document a lane's mixer takes
+        once it has produced its rows of the steps before ``at_step`` is drawn under the new weights. The
+        delivered mixture follows after what the lanes already hold then (the shuffle buffer, the packer's
+        open rows). Lanes that computed steps ahead of delivery are rewound to it first. The intervention is
+        recorded in the state, so a resume at any world size replays it.
+
+        Args:
+            weights: source name -> weight (0: the source is not read meanwhile; only the ratios matter).
+            at_step: the first global step (0-based, as :attr:`step` counts) the weights apply to; at least
+                :attr:`step`, the next step to be delivered.
+            group: the process group whose ranks must all make the same call (compared when
+                ``torch.distributed`` is initialised; a mismatch is an error naming the ranks).
+
+        Returns:
+            The number of this rank's lanes that were rebuilt and replayed (lanes that had run ahead).
+
+        Raises:
+            ValueError: the pipeline has one source, ``at_step`` was already delivered, or the ranks disagree.
+            StateError: ``weights`` names unknown sources or has no positive weight.
         """
         if len(self.program.names) < 2:
             raise ValueError(f"set_mixture: this pipeline reads one source ({self.program.names[0]!r}), so there is "
                              f"no mixture to change")
         at_step, weights = parse_event([at_step, dict(weights)], self.program.names, "set_mixture")
-        if at_step <= self.step:
-            raise ValueError(f"set_mixture(at_step={at_step}): step {self.step} was already delivered; the "
-                             f"intervention must be for a later step (at_step > {self.step})")
+        if at_step < self.step:
+            raise ValueError(f"set_mixture(at_step={at_step}): that step was already delivered (steps 0 to "
+                             f"{self.step - 1} were); the intervention must be for step {self.step} or later")
         _same_on_every_rank((at_step, weights), group)
         if not self._initialized:
             self._reset(None)
         self.events.append((at_step, weights))
-        try:
-            return self._host.apply_event(at_step)
-        except InterventionTooLate as exc:
-            self.events.pop()  # nothing was swapped: the lanes go on as they were
-            raise ValueError(f"set_mixture(at_step={at_step}) at step {self.step}: lane {exc.args[0]} has already "
-                             f"delivered data mixed for step {at_step} or later (the mixer runs ahead of delivery "
-                             f"by the shuffle buffer and the packer's open rows); aim further ahead.") from None
+        return self._host.apply_event(at_step)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume from a (merged) state: any world size that divides the lane count works."""

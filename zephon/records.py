@@ -314,17 +314,18 @@ class Flush:
     """Sentinel: every operator emits what it holds for the lane, then forwards it.
 
     ``index`` counts the lane's sentinels (the segment that starts after this one); ``positions`` is
-    where each source's reader stands there, ``(unit_seq, cursor, skip)`` per source index; ``mixed``
-    the tokens the lane's merge had taken before it (the mixing clock). ``carry`` is set by an
-    accumulator that tops up its last output with the first tokens after the sentinel (the packer): how
-    many it took. A lane rebuilt from ``(index, positions, mixed, carry)`` produces exactly what the
-    original lane produced after the sentinel.
+    where each source's reader stands there, ``(unit_seq, cursor, skip)`` per source index. ``carry`` is
+    set by an accumulator that tops up its last output with the first tokens after the sentinel (the
+    packer): how many it took; ``release`` says when that held output was released: after that many
+    documents had reached the packer past the sentinel (``k >= 1``), at the next sentinel (0), or no
+    output was held (-1), for the step clock (:mod:`zephon.engine.clock`). A lane rebuilt from
+    ``(index, positions, carry, release)`` produces exactly what the original lane produced after it.
     """
 
     index: int
     positions: tuple[tuple[int, int, int], ...]
     carry: int = 0
-    mixed: int = 0
+    release: int = -1
     taken: tuple[int, ...] = field(default=(), compare=False)  # chunks each source had given the lane (a hint)
 
 

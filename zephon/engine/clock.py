@@ -1,25 +1,29 @@
-"""The lane's step clock: which training step a mixing decision belongs to, deterministically.
+"""The lane's step clock: which training step a mixing decision belongs to, exactly.
 
-A schedule or an intervention says "from step s"; the mixer decides ahead of delivery (documents wait in
-the shuffle buffer and in the packer's open rows), and its decisions must not depend on timing, ranks or
-workers, nor change when a lane is rebuilt at a sentinel. So the clock is made of the lane's own counts,
-all of them recorded at sentinels:
+A schedule point or an intervention says "from step s". The mixer decides ahead of delivery (documents
+wait in the shuffle buffer and in the packer's open rows), and its decisions must not depend on timing,
+ranks or workers, nor change when a lane is rebuilt at a sentinel. The clock is the lane's own count of
+**rows completed**: ``R``, the rows its last operator (the packer, or the record rows of a pipeline
+without ``pack()``) has emitted and the lane has received. A decision made when ``R`` rows are complete
+belongs to step ``floor(R / rows_per_lane)``.
 
-- ``T``: the tokens the lane's merge has taken so far (counted by the merge, exact on replay: the
-  sentinel carries it);
-- ``C_j``: the rows the lane had received when sentinel ``j`` reached it (the lane's delivered rows are
-  exactly ``step * rows_per_lane``, so rows are steps).
+Why that is exact. A lane's chain is pulled: its merge decides only while the lane asks for its next row
+and the packer has nothing ready, so at every decision every row emitted so far has reached the lane. A
+document decided at ``R`` can only land in row ``R`` or later (completed rows never change), so:
 
-A decision in segment ``j`` (after sentinel ``j``) estimates the rows delivered when its document will
-be, from the last sentinel the lane has certainly seen by then, ``j - 1``::
+- every row of the steps before ``s`` (rows ``< s * rows_per_lane``) holds only documents decided for
+  steps before ``s``: a change for step ``s`` leaves those global batches byte-identical;
+- once the lane has received its rows of the steps before ``s``, every decision is for step ``s`` or
+  later: it follows the change. The delivered mixture lags only by what the lane already holds then (the
+  shuffle buffer, the packer's open rows), never by a drift.
 
-    step = floor((C_{j-1} + (T - T_{j-1}) / seq_len) / rows_per_lane)
-
-The lane has always seen sentinel ``j - 1`` before the first decision of segment ``j`` (the packer holds
-at most one sentinel, and releases it before it pulls the next segment), in the first run and in any
-replay, so the estimate is the same everywhere. Between two anchors it leads the step at which the
-document is delivered by at most the tokens buffered downstream (shuffle buffer, open rows) and trails
-it by at most the padding of one segment: a bound, with no drift over a run (BENCHMARKS.md measures it).
+Replay from a sentinel. A lane rebuilt at sentinel ``j`` starts with ``R = C_j`` (the rows it had received
+when the sentinel reached it), except where the packer held its last part-filled row over the sentinel to
+top it up with the next segment's first tokens (:mod:`zephon.ops.pack`). Then the first decisions after
+the sentinel were made with that row still open, at ``C_j - 1``; the rebuilt packer does not emit the row
+again (it drops its ``carry`` tokens instead), so it counts it complete where the original released it:
+after the same number of documents (the sentinel's ``release``), or at the next sentinel. Both numbers
+are in the lane state, so every replay assigns every decision to the same step as the first run.
 """
 
 from __future__ import annotations
@@ -27,69 +31,26 @@ from __future__ import annotations
 from typing import Any
 
 
-class ClockError(RuntimeError):
-    """A decision whose anchor sentinel the lane has not seen: an accumulator held a sentinel too long."""
-
-
 class LaneClock:
-    """Shared by a lane's merge (which counts tokens) and the lane (which records rows at sentinels)."""
+    """Shared by a lane (which counts the rows it receives), its merge (which records when it decides) and,
+    on a resume, its packer (which completes the row it held over the sentinel)."""
 
-    def __init__(self, seq_len: int, rows_per_lane: int, events: list | None = None) -> None:
-        self.seq_len, self.rows_per_lane = seq_len, rows_per_lane
-        self.mixed = 0  # T: tokens taken by the merge
-        self.rows_at: dict[int, int] = {-1: 0, 0: 0}  # C_j: rows received when sentinel j reached the lane
-        self.mixed_at: dict[int, int] = {-1: 0, 0: 0}  # T_j: tokens taken when sentinel j was emitted
-        self.segment = 0  # the merge's current segment (the last sentinel it emitted)
+    __slots__ = ("rows_per_lane", "rows", "events", "decision_rows")
+
+    def __init__(self, rows_per_lane: int, events: list | None = None, rows: int = 0) -> None:
+        self.rows_per_lane = rows_per_lane
+        self.rows = rows  # R: rows completed (received by the lane, plus a held row completed on replay)
         self.events: list[tuple[int, dict]] = events if events is not None else []  # interventions (at_step, weights)
-        self.decision_mixed: int | None = None  # T at the segment's latest decision (None: none yet)
-        self._decided_before = -1  # the latest step decided in the segments before this one
-
-    def start(self, segment: int, rows: int, mixed: int, prev_rows: int, prev_mixed: int) -> None:
-        """A lane rebuilt at sentinel ``segment``: its counts there and at the sentinel before."""
-        self.segment, self.mixed = segment, mixed
-        self.rows_at = {segment: rows, segment - 1: prev_rows}
-        self.mixed_at = {segment: mixed, segment - 1: prev_mixed}
+        self.decision_rows = -1  # R at the merge's latest decision (-1: none since the lane was built)
 
     def step(self) -> int:
-        """The step the merge's next decision belongs to (see the module docstring)."""
-        return self.step_at(self.mixed)
-
-    def step_at(self, mixed: int) -> int:
-        """The step of a decision of the current segment taken when the merge had taken ``mixed`` tokens."""
-        j = self.segment - 1
-        if j not in self.rows_at:
-            raise ClockError(f"segment {self.segment}: the lane has not yet seen sentinel {j}; an accumulator "
-                             f"held a flush sentinel past the next segment's first decision, which schedules "
-                             f"and interventions cannot allow")
-        rows = self.rows_at[j] + (mixed - self.mixed_at[j]) / self.seq_len
-        return int(rows // self.rows_per_lane)
-
-    def close_segment(self, segment: int) -> None:
-        """The merge emitted sentinel ``segment``: fold the ending segment's decisions into :attr:`decided`
-        and start counting the next one's."""
-        self._decided_before = self.decided
-        self.decision_mixed = None
-        self.mixed_at[segment] = self.mixed
-        self.segment = segment
+        """The step the merge's next decision belongs to."""
+        return self.rows // self.rows_per_lane
 
     @property
     def decided(self) -> int:
-        """The latest step a decision was made for (-1: none). The merge only records ``T`` at each decision
-        (:attr:`decision_mixed`): within a segment the step grows with ``T``, so the segment's latest
-        decision has its latest step, computed here when asked (an intervention) rather than per document."""
-        if self.decision_mixed is None:
-            return self._decided_before
-        return max(self._decided_before, self.step_at(self.decision_mixed))
-
-    def forget_before(self, segment: int) -> None:
-        """Drop anchors no decision can need any more."""
-        for d in (self.rows_at, self.mixed_at):
-            for k in [k for k in d if k < segment - 1]:
-                del d[k]
-
-    def snapshot(self, segment: int) -> list[int]:
-        """``[C_j, T_j, C_{j-1}, T_{j-1}]`` of sentinel ``j = segment``: what a lane state keeps."""
-        return [self.rows_at[segment], self.mixed_at[segment], self.rows_at[segment - 1], self.mixed_at[segment - 1]]
+        """The latest step a decision was made for since the lane was built (-1: none)."""
+        return -1 if self.decision_rows < 0 else self.decision_rows // self.rows_per_lane
 
     def describe(self) -> dict[str, Any]:
-        return {"mixed": self.mixed, "segment": self.segment}
+        return {"rows": self.rows, "decided": self.decided}

@@ -27,8 +27,7 @@ from ..state.lane import LaneState
 from ..worker_guard import Trainer, exit_with, this_process
 from .counters import LaneCounters
 from .executors import MAIN_GUARD_HINT, Executor, ThreadExecutor, check_picklable
-from .executors import InlineExecutor
-from .lane import Lane, LaneProgram, replay_with_events, row_digest, since_digest
+from .lane import Lane, LaneProgram
 from .sources import ReadAhead
 from .processes import start_worker_server
 from .transfer import Outbox, discard, receive, share
@@ -66,45 +65,34 @@ class LocalLanes:
         return self.states(), None
 
     def rewind(self, states: dict[int, dict], _extra: None = None) -> None:
-        """The lanes back at ``states`` (a :meth:`mark` taken after a delivered step) before an intervention
-        (the last of ``events``) is applied: rebuilt without it, as they made the delivered steps, and with the
-        merge's decisions as far as delivery took them (what :meth:`apply_event` checks against). The counts go
-        on from where they were: replayed work is not new."""
+        """The lanes back at ``states`` (a :meth:`mark` taken after a delivered step): rebuilt at their last
+        sentinels and replayed to the delivered rows. The counts go on from where they were: replayed work is
+        not new."""
         before = {lane.lane: copy.deepcopy(lane.counters) for lane in self._lanes}
-        event = self.events.pop()
-        try:
-            self.reset(states)
-            for lane in self._lanes:
-                lane.skip_delivered()
-        finally:
-            self.events.append(event)
+        self.reset(states)
+        for lane in self._lanes:
+            lane.skip_delivered()
         for lane in self._lanes:
             lane.counters.clear()
             lane.counters.merge(before[lane.lane])
 
     def apply_event_from(self, mark: tuple, at_step: int, drop_ahead: Callable[[], None]) -> int:
         """:meth:`apply_event` as of ``mark`` (taken after the last step delivered), the lanes having run past
-        it: ``drop_ahead()`` stops what steps them (and drops its steps), then they go back to the mark."""
+        it: ``drop_ahead()`` stops what steps them (and drops its steps), then they go back to the mark, where
+        their next decisions see the intervention. Returns the number of lanes rewound."""
         drop_ahead()
         self.rewind(*mark)
-        return self.apply_event(at_step)
+        self.apply_event(at_step)
+        return len(self._lanes)
 
     def apply_event(self, at_step: int) -> int:
-        """An intervention (already in ``events``) from ``at_step``: lanes whose merge has decided documents
-        for that step or later are rebuilt at their last sentinel and replayed with it in force; their
-        delivered rows must replay unchanged (else :class:`InterventionTooLate`, nothing changed)."""
-        fresh = {}
-        for lane in self._lanes:
-            if lane.decided_step >= at_step:
-                lane.skip_delivered()
-                new = replay_with_events(lane.program, lane.lane, lane._state, self.events, lane.since_digest,
-                                         lane.executor_for, lane.depth)
-                new.counters.merge(lane.counters)
-                fresh[lane.lane] = new
-        self._lanes = [fresh.get(lane.lane, lane) for lane in self._lanes]
-        for lane in fresh.values():
-            lane.prime()
-        return len(fresh)
+        """An intervention (already in ``events``, which the lanes share) from ``at_step``. A lane decides for a
+        step only while it makes that step's rows (the step clock), and these lanes have made none past the
+        delivered steps, so their next decisions see it and nothing is replayed: returns 0."""
+        ahead = [lane.lane for lane in self._lanes if lane.decided_step >= at_step]
+        if ahead:  # the loader never steps these lanes past delivery without rewinding them first
+            raise RuntimeError(f"lanes {ahead} decided for step {at_step} before it was delivered")
+        return 0
 
     def close(self) -> None:
         pass
@@ -180,7 +168,6 @@ class ProcessLanes:
                  prefetch: int = 4, events: list | None = None) -> None:
         self.pipeline, self.program, self.lanes = pipeline, program, list(lanes)
         self.events = events if events is not None else []
-        self._since: dict[int, list[bytes]] = {}  # per lane: digests of the rows delivered since its sentinel
         self.num_workers = max(1, min(num_workers, len(self.lanes)))
         self.prefetch = max(1, prefetch)
         check_picklable(program.stages)
@@ -202,7 +189,6 @@ class ProcessLanes:
     def reset(self, states: dict[int, LaneState]) -> None:
         self._failed = None
         self._start({k: v.to_dict() for k, v in states.items()}, keep_counts=False)
-        self._since = {}
 
     def _start(self, states: dict[int, dict], keep_counts: bool = True) -> None:
         """Start the workers from ``states``. Within a run (``keep_counts``: an intervention, a rewind) the
@@ -265,11 +251,6 @@ class ProcessLanes:
         for i, lane in enumerate(self.lanes):  # worker k holds lanes[k::num_workers], in order
             got, rows, state, counters = next(steps[i % self.num_workers])
             assert got == lane, f"lane worker returned lane {got}, expected {lane}"
-            if len(self.program.names) > 1:  # only a mixture intervention checks delivered rows (see Lane)
-                previous = self._states.get(lane)
-                since = self._since.get(lane, []) if previous and previous["sentinels"] == state["sentinels"] else []
-                since += [row_digest(r) for r in rows]
-                self._since[lane] = since[len(since) - state["rows_since_flush"]:] if state["rows_since_flush"] else []
             self._states[lane] = state
             self._counters[lane] = LaneCounters(**counters)
             rows_per_lane.append(rows)
@@ -295,43 +276,28 @@ class ProcessLanes:
                 self._base.pop(lane, None)
             self._counters[lane] = LaneCounters()
 
-    def mark(self) -> tuple[dict[int, dict], dict[int, list[bytes]]]:
-        """What :meth:`rewind` needs to come back to this point: the lanes' states and the digests of the rows
-        each delivered since its sentinel (copies: :meth:`next_step` extends them in place)."""
-        return self.states(), {lane: list(digests) for lane, digests in self._since.items()}
+    def mark(self) -> tuple[dict[int, dict]]:
+        """What :meth:`rewind` needs to come back to this point: the lanes' delivered states."""
+        return (self.states(),)
 
-    def rewind(self, states: dict[int, dict], since: dict[int, list[bytes]]) -> None:
+    def rewind(self, states: dict[int, dict]) -> None:
         """Back to a :meth:`mark`: the workers, which ran past it, stop, and the next step starts them again from
         ``states`` (with the events in force then). A failure of a step past the mark is forgotten with it."""
         self.close()
         self._failed = None
-        self._states, self._since = dict(states), {lane: list(digests) for lane, digests in since.items()}
-
-    def check_event(self, states: dict[int, dict], since: dict[int, list[bytes]]) -> None:
-        """Raise :class:`InterventionTooLate` unless every lane's rows delivered since its sentinel (``since``,
-        from ``states``) replay unchanged with the events in force (the new intervention the last): a replay
-        in this process, which leaves the host and its workers as they are."""
-        local = InlineExecutor(self.program.stages)
-        for lane in self.lanes:
-            state = self.program.parse_state(states[lane], lane) if lane in states else \
-                LaneState.initial(self.program.names)
-            replay_with_events(self.program, lane, state, self.events, since_digest(since.get(lane, [])),
-                               lambda s, k: local, 1)
+        self._states = dict(states)
 
     def apply_event_from(self, mark: tuple, at_step: int, drop_ahead: Callable[[], None]) -> int:
         """:meth:`apply_event` as of ``mark`` (taken after the last step delivered), the host having read steps
-        past it: checked from the mark first, so that a refusal leaves everything running; then
-        ``drop_ahead()`` stops what steps the host (and drops its steps), and the workers restart from the mark
-        at the next step."""
-        self.check_event(*mark)
+        past it: ``drop_ahead()`` stops what steps the host (and drops its steps), and the workers restart from
+        the mark at the next step, with the intervention. Returns the number of lanes rewound."""
         drop_ahead()
         self.rewind(*mark)
         return len(self.lanes)
 
     def apply_event(self, at_step: int) -> int:
-        """An intervention (already in ``events``): check in this process that every lane's delivered rows
-        replay unchanged with it in force, then restart the lane workers from the delivered states."""
-        self.check_event(self._states, self._since)
+        """An intervention (already in ``events``): the lane workers, which run ahead of delivery, restart from
+        the delivered states with it. Returns the number of lanes restarted."""
         if self._procs:
             self._start(self._states)
         return len(self.lanes)

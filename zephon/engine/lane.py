@@ -13,8 +13,6 @@ and the already-delivered rows are skipped.
 
 from __future__ import annotations
 
-import array
-import hashlib
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -67,7 +65,7 @@ class LaneProgram:
         return Row(self.seq_len, {k: np.zeros(self.seq_len, dtype=dt) for k, (dt, _) in fields.items()})
 
     def context(self, lane: int, state: LaneState, clock: LaneClock | None = None) -> LaneContext:
-        return LaneContext(self.seed, lane, state.sentinels, tuple(self.names), state.carry, clock)
+        return LaneContext(self.seed, lane, state.sentinels, tuple(self.names), state.carry, clock, state.clock[1])
 
     def parse_state(self, d: Any, lane: int, check_plan: bool = True) -> LaneState:
         return parse_lane_state(d, lane, self.names, self.seq_len, self.plan if check_plan else None)
@@ -91,9 +89,9 @@ class Lane(BaseNode[list[Row]]):
     # -- construction ---------------------------------------------------------------------------
     def _build(self, state: LaneState) -> BaseNode:
         p = self.program
-        self.clock = clock = LaneClock(p.seq_len, p.rows_per_lane, self.events)
-        c_j, t_j, c_prev, t_prev = state.clock
-        clock.start(state.sentinels, c_j, t_j, c_prev, t_prev)
+        rows, release = state.clock
+        # a row the packer held over the sentinel is not complete until the replay reaches its release
+        self.clock = clock = LaneClock(p.rows_per_lane, self.events, rows - (release >= 0))
         ctx = p.context(self.lane, state, clock)
         policy = FlushPolicy(p.flush_every, p.flush_by)
         streams = []
@@ -103,8 +101,7 @@ class Lane(BaseNode[list[Row]]):
             for k in range(p.stages.n_stages(s)):
                 node = StageBuffer(node, self.executor_for(s, k), s, k, self.depth)
             streams.append(SourceStream(s, name, node, position, policy,
-                                        EmptySourceWatch(name, p.max_empty_units[s]), self._counters,
-                                        clock_per_record=p.records))
+                                        EmptySourceWatch(name, p.max_empty_units[s]), self._counters))
         self._streams = streams
         chain: BaseNode = MergeNode(call_factory(p.merge, ctx), streams, policy, state.sentinels, self._counters,
                                     clock)
@@ -134,9 +131,6 @@ class Lane(BaseNode[list[Row]]):
         self._since = 0  # rows emitted after that sentinel
         self._received = self._state.clock[0]  # rows received from the chain since the lane began (C)
         self.ended = False  # the chain has no more rows: the lane delivers padding rows
-        self._since_rows: list[bytes] = []  # digests of the rows since that sentinel (to check a replay)
-        # only a mixture intervention replays delivered rows to check them, and one source has no mixture
-        self._digest = row_digest if len(self.program.names) > 1 else None
         self._to_skip = self._state.rows_since_flush  # replay-and-skip, on the first next()
         self._taken_base = (0,) * len(self._streams)  # chunks taken by the sources at the last sentinel
 
@@ -155,11 +149,8 @@ class Lane(BaseNode[list[Row]]):
     def _next_row(self) -> Row:
         while True:
             if self.ended:
-                item = self.program.empty_row()
                 self._since += 1
-                if self._digest is not None:
-                    self._since_rows.append(self._digest(item))
-                return item
+                return self.program.empty_row()
             try:
                 item = next(self._rows)
             except StopIteration:  # every source of the lane has stopped, and the packer emitted all it held
@@ -171,20 +162,14 @@ class Lane(BaseNode[list[Row]]):
                                      f"delivered after its last sentinel, but the segment after that sentinel "
                                      f"holds only {self._since}. The state was edited or does not belong to this "
                                      f"data; resume from the state as it was written.")
-                clock = self.clock
-                clock.rows_at[item.index] = self._received
-                clock.mixed_at[item.index] = item.mixed
-                clock.forget_before(item.index)
                 self._segment_start = LaneState(item.index, dict(zip(self.program.names, item.positions)), 0,
-                                                item.carry, tuple(clock.snapshot(item.index)))
+                                                item.carry, (self._received, item.release))
                 self._since = 0
-                self._since_rows = []
                 self._taken_base = item.taken or self._taken_base
                 continue
             self._since += 1
             self._received += 1
-            if self._digest is not None:
-                self._since_rows.append(self._digest(item))
+            self.clock.rows += 1
             return item
 
     def skip_delivered(self) -> None:
@@ -194,11 +179,6 @@ class Lane(BaseNode[list[Row]]):
                 self._next_row()
                 self._to_skip -= 1
             self.counters.clear()  # the replayed work was counted by the run that wrote the checkpoint
-
-    @property
-    def since_digest(self) -> str:
-        """Digest of the rows since the last sentinel (after :meth:`skip_delivered`: the replayed ones)."""
-        return since_digest(self._since_rows)
 
     @property
     def decided_step(self) -> int:
@@ -221,36 +201,6 @@ class Lane(BaseNode[list[Row]]):
 
     def get_state(self) -> dict[str, Any]:
         return self._state.to_dict()
-
-
-def row_digest(row: Row) -> bytes:
-    """A short digest of a packed row (its tokens and tail labels), to compare a replay with delivery
-    (SHA-256: hardware-accelerated where blake2b is not, and this runs once per delivered row)."""
-    if type(row) is RecordRow:
-        return row.digest()
-    h = hashlib.sha256(memoryview(row.tokens)[:row.fill])
-    h.update(array.array("q", row.tails))
-    return h.digest()[:16]
-
-
-def since_digest(row_digests: list[bytes]) -> str:
-    return hashlib.blake2b(b"".join(row_digests), digest_size=16).hexdigest()
-
-
-class InterventionTooLate(ValueError):
-    """A mixture intervention for a step whose data a lane has already delivered."""
-
-
-def replay_with_events(program: LaneProgram, lane: int, state: LaneState, events: list, expect: str,
-                       executor_for: Callable[[int, int], Executor], depth: "int | ReadAhead") -> "Lane":
-    """A lane rebuilt at ``state`` with ``events`` in force, its delivered rows replayed and checked against
-    ``expect`` (the digest of what was delivered): an intervention must not change delivered data."""
-    fresh = Lane(program, lane, executor_for, depth, events)
-    fresh.reset(state)
-    fresh.skip_delivered()
-    if fresh.since_digest != expect:
-        raise InterventionTooLate(lane)
-    return fresh
 
 
 READ_AHEAD_BASE, READ_AHEAD_MOST = 2, 8  # with workers, unless build(prefetch=N) fixes the depth

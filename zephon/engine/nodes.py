@@ -38,7 +38,7 @@ class MergeNode(BaseNode):
         super().__init__()
         self.merge, self.streams, self.policy = merge, list(streams), policy
         self.counters = counters
-        self.clock = clock  # the lane's step clock: counts the tokens taken, records them at sentinels
+        self.clock = clock  # the lane's step clock: the merge records the rows complete at each decision
         self._sentinels = sentinels
         self._queue: deque = deque()
 
@@ -67,22 +67,18 @@ class MergeNode(BaseNode):
         self._sentinels += 1
         self.policy.reset()
         self.counters.flushes += 1
-        mixed = 0
-        if self.clock is not None:
-            mixed = self.clock.mixed
-            self.clock.close_segment(self._sentinels)
-        self._queue.append(Flush(self._sentinels, tuple(s.position for s in self.streams), mixed=mixed,
+        self._queue.append(Flush(self._sentinels, tuple(s.position for s in self.streams),
                                  taken=tuple(s.taken for s in self.streams)))
 
     def next(self) -> Any:
         # Once per document: keep it lean. The streams count documents and tokens per chunk (metrics), and
-        # the clock works out the latest decided step only when asked (see LaneClock.decided).
+        # the clock's latest decided step is worked out only when asked (LaneClock.decided).
         queue = self._queue
         clock = self.clock
         merge, streams = self.merge, self.streams
         while not queue:
             if clock is not None:
-                clock.decision_mixed = clock.mixed
+                clock.decision_rows = clock.rows
             s = merge.next_source()
             if s < 0:  # every source the mixer may choose has ended: so has this lane's data
                 raise StopIteration
@@ -94,8 +90,6 @@ class MergeNode(BaseNode):
                     continue
                 self._sentinel()  # a unit completed empty and made a flush due: the choice is made again after it
                 continue
-            if clock is not None:
-                clock.mixed += stream.last_tokens
             out = merge.push_from(doc, s)
             if flush_due:
                 queue.extend(out)

@@ -78,7 +78,6 @@ class RayLanes(ProcessLanes):
         # host's attributes are set here
         self.pipeline, self.program, self.lanes = pipeline, program, list(lanes)
         self.events = events if events is not None else []
-        self._since: dict[int, list[bytes]] = {}
         self.num_workers = max(1, min(num_workers, len(self.lanes)))
         self.prefetch = max(1, prefetch)
         self._procs: list[Any] = []  # the actors (the name ProcessLanes' bookkeeping looks at)

@@ -208,16 +208,13 @@ class SourceStream:
     when someone reads them (:meth:`settle`), so they stay exact to the document."""
 
     def __init__(self, index: int, name: str, chunks: BaseNode[Chunk], position: tuple[int, int, int],
-                 policy: FlushPolicy, watch: EmptySourceWatch, counters: LaneCounters,
-                 clock_per_record: bool = False) -> None:
+                 policy: FlushPolicy, watch: EmptySourceWatch, counters: LaneCounters) -> None:
         self.index, self.name, self.chunks = index, name, chunks
         self.position = tuple(position)
         self.policy, self.watch, self.counters = policy, watch, counters
         self._chunk: Chunk | None = None
         self._k = 0
         self._booked = 0  # documents of the open chunk already in the counters
-        self.last_tokens = 0  # tokens of the document take() returned last (the step clock's count)
-        self._per_record = clock_per_record  # rows are records: the clock counts documents, one each
         self.ended = False  # a source that stops after some passes has given its last document
         self.taken = 0  # chunks taken so far (how many a replay from a sentinel re-reads: a resume hint)
 
@@ -288,14 +285,9 @@ class SourceStream:
         offs = self._offs
         if offs is not None:
             a, b = offs[k], offs[k + 1]
-            self.last_tokens = b - a
             doc[INPUT_IDS] = self._ids[a:b]
             for name, flat in self._more_tokens:
                 doc[name] = flat[a:b]
-        else:
-            self.last_tokens = 0
-        if self._per_record:
-            self.last_tokens = 1
         for name, values in self._payloads:
             doc[name] = values[k]
         doc.tail = self._tails[k] if self._tails is not None else IGNORE

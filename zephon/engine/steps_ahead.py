@@ -145,11 +145,9 @@ class StepsAhead:
         return dict(self._counters)
 
     def apply_event(self, at_step: int) -> int:
-        """An intervention (already the last of ``events``): the thread stops, the host goes back to the
-        delivered steps (:meth:`LocalLanes.rewind`, :meth:`ProcessLanes.rewind`) and applies it as it would
-        without steps ahead, refusal included (:meth:`LocalLanes.apply_event_from`). Lane workers are checked
-        first, from the delivered mark, in this process: a refusal then leaves the thread, its steps and the
-        workers as they were (:meth:`ProcessLanes.apply_event_from`)."""
+        """An intervention (already the last of ``events``): the thread stops, drops the steps it computed
+        ahead, and the host goes back to the delivered steps (:meth:`LocalLanes.rewind`,
+        :meth:`ProcessLanes.rewind`), where the lanes' next decisions see it. Returns the lanes rewound."""
         return self.inner.apply_event_from(self._delivered, at_step, self._halt)
 
     def close(self) -> None:

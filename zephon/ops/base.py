@@ -44,7 +44,8 @@ from ..records import Chunk
 @dataclass(frozen=True)
 class LaneContext:
     """What an accumulator may know about where it runs: the pipeline seed, its lane, the segment (how
-    many sentinels the lane has passed), the sources' names, and the packer's ``carry`` at a resume."""
+    many sentinels the lane has passed), the sources' names, and at a resume the packer's ``carry`` and
+    ``release`` (the sentinel's, see :class:`~zephon.records.Flush`)."""
 
     seed: int
     lane: int
@@ -52,6 +53,7 @@ class LaneContext:
     sources: tuple[str, ...] = ()
     carry: int = 0
     clock: Any = field(default=None, compare=False)  # the lane's step clock (zephon.engine.clock.LaneClock)
+    release: int = -1
 
     def rng(self, purpose: str | int) -> np.random.Generator:
         """A generator seeded by (seed, lane, segment, purpose) only."""
@@ -60,7 +62,7 @@ class LaneContext:
 
     def after_flush(self) -> "LaneContext":
         """The context of a fresh instance for the segment after the next sentinel."""
-        return replace(self, segment=self.segment + 1, carry=0)
+        return replace(self, segment=self.segment + 1, carry=0, release=-1)
 
 
 class Operator:

@@ -74,6 +74,7 @@ from typing import Any, Iterable, Mapping
 import numpy as np
 
 from ..records import IGNORE, INPUT_IDS, Flush, Row, doc_tail
+from ..state.lane import StateError
 from .base import Accumulator, LaneContext
 from .image_layout import (BIG, IMAGE_SPANS, NO_LIMITS, ImageLimits, ImageTooLarge, cut_points, patch_counts, piece,
                            safe_cut, spans_of, too_large)
@@ -113,6 +114,10 @@ class Pack(Accumulator):
         self._held: Row | None = None  # part-filled last row of the segment before a sentinel
         self._held_flush: Flush | None = None
         self._taken = 0  # tokens of the new segment already put into the held row
+        self._held_pushes = 0  # documents pushed since the row was held (the sentinel's ``release``)
+        # a resumed packer completes, for the step clock, the row the original held over its sentinel where the
+        # original released it: at the ``release``-th document, or at the next sentinel (0); -1: none was held
+        self._clock, self._replay_release, self._pushes, self._carry = ctx.clock, ctx.release, 0, ctx.carry
         self.limits = limits or NO_LIMITS
         self._cap_images = BIG if self.limits.max_images is None else self.limits.max_images
         self._cap_patches = BIG if self.limits.max_patches is None else self.limits.max_patches
@@ -276,11 +281,38 @@ class Pack(Accumulator):
         assert not self._bins
         return last
 
-    def _release(self) -> None:
-        """Emit the held row (padded if still part-filled) and forward its sentinel with the carry."""
+    def _release(self, at_push: bool = True) -> None:
+        """Emit the held row (padded if still part-filled) and forward its sentinel with the carry, and with
+        when the row was released (``at_push``: by the document being pushed; else by the next sentinel)."""
         self._emit(self._held, flushed=True)
-        self._out.append(replace(self._held_flush, carry=self._taken))
-        self._held, self._held_flush, self._taken = None, None, 0
+        self._out.append(replace(self._held_flush, carry=self._taken, release=self._held_pushes if at_push else 0))
+        self._held, self._held_flush, self._taken, self._held_pushes = None, None, 0, 0
+
+    def _replayed(self, n: int, skip_before: int) -> None:
+        """A resumed packer's ``self._pushes``-th document (``n`` tokens, ``skip_before`` still to drop before it)
+        against when the original released the row it held over the lane's last sentinel (``release``): there
+        that row is complete for the step clock. The carry must agree with it: the original row took every token
+        of the segment (release 0), or its last ones came from that document (release k), so the carry ends
+        there; a carry that does not is refused, since the rebuilt lane would not continue as the original."""
+        k = self._replay_release
+        if k == 0 and n > skip_before or k > 0 and (self._pushes == k and self._skip or
+                                                    self._pushes < k - 1 and not self._skip):
+            raise self._carry_mismatch("the row held over it took every token of the segment after it" if k == 0 else
+                                       f"the row held over it was released at document {k} after it")
+        if self._pushes == k:
+            self._complete_replayed_row()
+
+    def _complete_replayed_row(self) -> None:
+        self._replay_release = -1
+        if self._clock is not None:
+            self._clock.rows += 1
+
+    def _carry_mismatch(self, why: str) -> StateError:
+        return StateError(
+            f"the checkpoint's carry ({self._carry} tokens after its last sentinel) does not agree with the data: "
+            f"{why}, but the carry ends elsewhere. The sources now hold different data than when the checkpoint "
+            f"was written (files changed or re-tokenized), or the state was edited. Resume on the same data, from "
+            f"the state as it was written.")
 
     def _top_up(self, doc: Mapping[str, Any], tail: int) -> None:
         spans = spans_of(doc)
@@ -299,6 +331,7 @@ class Pack(Accumulator):
     # -- the accumulator contract ---------------------------------------------------------------------
     def push(self, doc: Mapping[str, Any]) -> Iterable[Any]:
         tail = getattr(doc, "tail", IGNORE)
+        replaying, skip_before = self._replay_release >= 0, self._skip
         if not self._skip and self._held is None and IMAGE_SPANS not in doc:  # a text document, mid-segment
             self._place(doc, 0, len(doc[INPUT_IDS]), tail)
         elif self._skip:
@@ -312,22 +345,36 @@ class Pack(Accumulator):
                 else:
                     self._place(doc, a, n, tail)
         elif self._held is not None:
+            self._held_pushes += 1
             self._top_up(doc, tail)
         elif spans_of(doc) is not None:
             self._place_images(doc)
         else:
             self._place(doc, 0, len(doc[INPUT_IDS]), tail)
+        if replaying:
+            self._pushes += 1
+            self._replayed(len(doc[INPUT_IDS]), skip_before)
         out = self._out
         if not out:
             return ()
         self._out = deque()
         return out
 
+    def _replay_at_sentinel(self) -> None:
+        """The segment after the lane's last sentinel ends (a sentinel, or the end of finite data): a row the
+        original held over that sentinel and released only now is complete; one it released at a document
+        that never came means the data differ."""
+        if self._replay_release == 0:
+            self._complete_replayed_row()
+        elif self._replay_release > 0:
+            raise self._carry_mismatch(f"the row held over it was released at document {self._replay_release} "
+                                       f"after it, and the segment holds {self._pushes}")
+
     def _skipped_piece(self, doc: Mapping[str, Any], a: int, n: int) -> Mapping[str, Any]:
         try:
             return piece(doc, a, n, self._names)
         except ValueError:
-            raise RuntimeError(
+            raise StateError(
                 f"the {a} tokens carried over from the checkpoint's last sentinel end inside an image of the first "
                 "document after it, where the packer never cuts: the sources now hold different data than when the "
                 "checkpoint was written, or the state's carry was edited. Resume on the same data, from the state as "
@@ -337,26 +384,28 @@ class Pack(Accumulator):
         """Emit what the bins hold, wrapped; hold the part-filled last row (and the sentinel) for the
         next segment's first tokens."""
         if self._skip:
-            raise RuntimeError(
+            raise StateError(
                 f"a flush sentinel (#{flush.index}) arrived while {self._skip} tokens carried over from the "
                 "checkpoint's last sentinel were still to be skipped: the sources now hold different data than when "
                 "the checkpoint was written (files changed or re-tokenized), or the state's carry was edited. "
                 "Resume on the same data, from the state as it was written.")
+        self._replay_at_sentinel()
         if self._held is not None:  # the segment ended before the held row filled: pad it now
-            self._release()
+            self._release(at_push=False)
         last = self._flush_bins()
         if last is None:
             self._out.append(flush)
         else:
-            self._held, self._held_flush, self._taken = last, flush, 0
+            self._held, self._held_flush, self._taken, self._held_pushes = last, flush, 0, 0
         out, self._out = self._out, deque()
         return out
 
     def flush(self) -> Iterable[Any]:
         """Everything held, the last row padded: the end of a finite stream, where no next segment can
         top it up. A sentinel held with its row comes out after that row, as at a flush."""
+        self._replay_at_sentinel()
         if self._held is not None:
-            self._release()
+            self._release(at_push=False)
         last = self._flush_bins()
         if last is not None:
             self._emit(last, flushed=True)

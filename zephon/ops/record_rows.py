@@ -5,8 +5,7 @@ pre-cut fixed-length samples, a classifier's examples) delivers whole records: e
 ``rows_per_lane`` records to every global batch, and the batch holds one value per record for every
 field (:mod:`zephon.collate_records`). Everything else is as for packed rows:
 
-- the lane's step clock counts records instead of tokens (a row is one record, so ``seq_len`` is 1
-  and the clock's arithmetic is unchanged);
+- the lane's step clock counts these rows as it counts packed ones (:mod:`zephon.engine.clock`);
 - flush sentinels carry nothing over (a row is never part-filled) and cost no padding;
 - a resume replays the records since the last sentinel and skips the delivered ones.
 
@@ -17,14 +16,9 @@ Worked example, two lanes of ``batch(rows_per_lane=2)`` over records ``r0, r1, .
 
 from __future__ import annotations
 
-import hashlib
 from typing import Any, Iterable, Mapping
 
-import numpy as np
-
 from .base import Accumulator
-
-DIGEST_WHOLE = 256  # a longer value enters a row's replay digest by its length and both ends
 
 
 class RecordRow:
@@ -37,50 +31,6 @@ class RecordRow:
         self.fill = 0 if record is None else 1  # the loader's "has data" test, as for packed rows
         self.free = 1 - self.fill  # padding, in rows of one (the loader's padding metrics)
         self.flushed = False  # a sentinel never closes a record row early
-
-    def digest(self) -> bytes:
-        """A short digest of the record, to check that a replay delivers what was delivered. Not the batch
-        hash (:func:`zephon.collate.global_digest` hashes every byte): every field enters it, lists, dicts
-        and arrays element by element, but a long value (bytes, text, an array's bytes) by its length and
-        both ends, so that the check stays cheap for records of image bytes."""
-        h = hashlib.sha256()
-        _digest_value(h, self.record or {})
-        return h.digest()[:16]
-
-
-def _digest_value(h: "hashlib._Hash", value: Any) -> None:
-    if isinstance(value, dict):
-        h.update(b"{%d" % len(value))
-        for key in value:
-            _digest_value(h, key)
-            _digest_value(h, value[key])
-        h.update(b"}")
-        return
-    if isinstance(value, (list, tuple)):
-        h.update(b"[%d" % len(value))
-        for v in value:
-            _digest_value(h, v)
-        h.update(b"]")
-        return
-    if isinstance(value, np.ndarray):
-        h.update(f"a{value.dtype.str}{value.shape}".encode())
-        if value.dtype.hasobject:  # references, not values: element by element
-            for v in value.ravel().tolist():
-                _digest_value(h, v)
-            return
-        value = memoryview(np.ascontiguousarray(value).reshape(-1).view(np.uint8))
-    elif isinstance(value, str):
-        value = value.encode()
-    elif not isinstance(value, (bytes, bytearray, memoryview)):
-        h.update(repr(value).encode())
-        return
-    n = len(value)
-    h.update(b"b%d:" % n)
-    if n <= DIGEST_WHOLE:
-        h.update(value)
-    else:
-        h.update(value[:DIGEST_WHOLE // 2])
-        h.update(value[n - DIGEST_WHOLE // 2:])
 
 
 class RecordRows(Accumulator):

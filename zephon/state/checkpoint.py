@@ -33,7 +33,9 @@ from typing import Any, Mapping, Sequence
 from .lane import MAX_INT, StateError
 
 STATE_FORMAT = "zephon.loader_state"
-STATE_VERSION = 3  # 3: pipelines (graph fingerprint); positions [unit_seq, cursor, skip]; sentinels; digest
+# 3: pipelines (graph fingerprint); positions [unit_seq, cursor, skip]; sentinels; digest.
+# 4: the exact step clock: a lane's clock is [rows, release] (zephon.engine.clock).
+STATE_VERSION = 4
 _HEADER = ("format", "version", "fingerprint", "step", "events", "ended")
 _HOW = "Pass the state exactly as loader.state_dict(), zephon.merge_states() or zephon.load_state() returned it."
 
@@ -88,9 +90,10 @@ def check_container(state: Any, what: str = "the state") -> None:
         raise StateError(f"{what} is not a Zephon loader state (no format marker '{STATE_FORMAT}'). {_HOW}")
     version = state.get("version")
     if version != STATE_VERSION:
-        raise StateError(f"{what} has version {version!r}; this Zephon reads version {STATE_VERSION} (version 2 "
-                         f"states came from the fixed text chain, before pipelines; their positions count tokens, "
-                         f"not records). Resume with the Zephon release that wrote it, or start the run afresh.")
+        raise StateError(f"{what} has version {version!r}; this Zephon reads version {STATE_VERSION} (version 3 "
+                         f"states came from Zephon 0.2, whose step clock estimated a decision's step from tokens; "
+                         f"version 2 ones from the fixed text chain). Resume with the Zephon release that wrote it, "
+                         f"or start the run afresh.")
     step = state.get("step")
     if not isinstance(step, int) or isinstance(step, bool) or not 0 <= step < MAX_INT:
         raise StateError(f"{what}: 'step' must be an integer >= 0, got {step!r}. {_HOW}")

@@ -9,9 +9,10 @@
   of a flat_map);
 - ``rows_since_flush``: rows of this lane delivered after that sentinel;
 - ``carry``: tokens after that sentinel that went into the row before it (the packer's top-up);
-- ``clock``: ``[C_j, T_j, C_{j-1}, T_{j-1}]``, the lane's step clock at that sentinel and the one before
-  (rows the lane had received, tokens its merge had taken: :mod:`zephon.engine.clock`), so that a
-  rebuilt lane assigns its mixing decisions to the same steps;
+- ``clock``: ``[rows, release]``, the lane's step clock at that sentinel: the rows the lane had received
+  there, and when the packer released the row it held over the sentinel (the sentinel's ``release``:
+  -1 none held, 0 at the next sentinel, ``k`` after the ``k``-th document; :mod:`zephon.engine.clock`), so
+  that a rebuilt lane assigns its mixing decisions to the same steps;
 - ``replay`` (optional): per source, the chunks the lane had taken since that sentinel: how many chunk
   tasks a resume puts in flight at once to replay the segment. A hint for speed only: any value
   (capped) gives the same rows.
@@ -44,7 +45,7 @@ class LaneState:
     positions: dict[str, tuple[int, int, int]]
     rows_since_flush: int
     carry: int = 0
-    clock: tuple[int, int, int, int] = (0, 0, 0, 0)
+    clock: tuple[int, int] = (0, -1)
     replay: tuple[int, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
@@ -107,16 +108,20 @@ def parse_lane_state(d: Any, lane: int, names: Sequence[str], max_carry: int, pl
             _check_cursor(plan.sources[i], lane, unit_seq, cursor, at)
         parsed[name] = (unit_seq, cursor, skip)
     clock = d["clock"]
-    if not isinstance(clock, (list, tuple)) or len(clock) != 4:
-        raise StateError(f"{where}: clock must be [rows, tokens, rows before, tokens before], got {clock!r:.60}")
-    c_j, t_j, c_prev, t_prev = (_int(v, f"{where}: clock[{i}]", 0) for i, v in enumerate(clock))
-    if c_prev > c_j or t_prev > t_j or (sentinels == 0 and (c_j, t_j, c_prev, t_prev) != (0, 0, 0, 0)):
-        raise StateError(f"{where}: clock {list(clock)} goes backwards (or is not zero before the first sentinel)")
+    if not isinstance(clock, (list, tuple)) or len(clock) != 2:
+        raise StateError(f"{where}: clock must be [rows, release], got {clock!r:.60}")
+    rows_at, release = _int(clock[0], f"{where}: clock[0] (rows)", 0), _int(clock[1], f"{where}: clock[1] (release)", -1)
+    if sentinels == 0 and (rows_at, release, carry) != (0, -1, 0):
+        raise StateError(f"{where}: clock {list(clock)} and carry {carry} before the first sentinel must be [0, -1] "
+                         f"and 0")
+    if (release >= 0 and rows_at == 0) or (release < 0 and carry):
+        raise StateError(f"{where}: clock {list(clock)} with carry {carry} cannot happen: a held row (release >= 0) "
+                         f"follows a delivered row, and a carry needs a held row")
     replay = d.get("replay", [])
     if not isinstance(replay, (list, tuple)) or len(replay) not in (0, len(names)):
         raise StateError(f"{where}: replay must be a list of one chunk count per source, got {replay!r:.60}")
     counts = tuple(_int(v, f"{where}: replay[{i}]", 0, MAX_REPLAY_HINT) for i, v in enumerate(replay))
-    return LaneState(sentinels, parsed, rows, carry, (c_j, t_j, c_prev, t_prev), counts)
+    return LaneState(sentinels, parsed, rows, carry, (rows_at, release), counts)
 
 
 def _check_cursor(source: Any, lane: int, unit_seq: int, cursor: int, at: str) -> None:

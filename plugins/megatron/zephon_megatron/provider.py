@@ -334,7 +334,7 @@ def set_mixture(weights: dict[str, float], at_iteration: int) -> int:
     batch). Call it on every rank that runs the training loop, with the same arguments (decide on one rank,
     e.g. from per-domain losses, and broadcast first): the data-parallel ranks compare their calls and a
     mismatch is an error naming them. Ranks that read no data (later pipeline stages) do nothing. Returns
-    the number of this rank's lanes that were rebuilt to apply it."""
+    the number of this rank's lanes that were rewound to apply it (lanes that had computed steps ahead)."""
     active = _ACTIVE.get("train")
     if active is None:
         return 0
