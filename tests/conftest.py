@@ -76,6 +76,24 @@ def build_tiktoken_file(folder: Path, hf_tokenizer: Path) -> Path:
     return path
 
 
+# The cl100k split regex as Zephon wrote it for every .tiktoken file before it took tiktoken's own definitions
+# (an older spelling of tiktoken's cl100k_base pattern). The test files made by build_tiktoken_file are none of
+# tiktoken's encodings, so they must name their pattern and special tokens: these, with EOS at the first id
+# after the ranks as before, keep their ids (and the golden hashes) as they were.
+TIKTOKEN_TEST_PATTERN = (
+    r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]++[\r\n]*|\s*[\r\n]|"""
+    r"""\s+(?!\S)|\s+"""
+)
+
+
+def tiktoken_options(path: Path, bos: bool = False) -> dict[str, Any]:
+    """``special_tokens`` and ``pat_str`` for a test ``.tiktoken`` file: ``<|endoftext|>`` at the number of
+    ranks (and ``<|startoftext|>`` next, with ``bos``) and :data:`TIKTOKEN_TEST_PATTERN`."""
+    n = sum(1 for line in path.read_bytes().splitlines() if line)
+    special = {"<|endoftext|>": n, **({"<|startoftext|>": n + 1} if bos else {})}
+    return {"special_tokens": special, "pat_str": TIKTOKEN_TEST_PATTERN}
+
+
 @pytest.fixture(scope="session")
 def corpus(tmp_path_factory) -> Path:
     return build_corpus(tmp_path_factory.mktemp("corpus"))

@@ -15,6 +15,8 @@ import pytest
 from zephon import WorkPlan, build_loader, global_digest, merge_states
 from zephon.verify import global_hashes
 
+from .conftest import tiktoken_options
+
 STEPS = 10
 
 
@@ -140,7 +142,7 @@ def test_options_stay_elastic(make_recipe, overrides):
 def test_each_tokenizer_kind_is_elastic(make_recipe, hf_tokenizer, tiktoken_file, sp_model):
     digests = {}
     for tok in ({"kind": "huggingface", "path": str(hf_tokenizer)},
-                {"kind": "tiktoken", "path": str(tiktoken_file)},
+                {"kind": "tiktoken", "path": str(tiktoken_file), **tiktoken_options(tiktoken_file)},
                 {"kind": "sentencepiece", "path": str(sp_model)}):
         recipe = make_recipe(tokenizer=tok)
         plan = WorkPlan(recipe)

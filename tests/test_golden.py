@@ -26,7 +26,7 @@ import pytest
 from zephon import load_recipe, recipe_from_dict
 from zephon.verify import global_hashes
 
-from .conftest import base_recipe_dict
+from .conftest import base_recipe_dict, tiktoken_options
 from .optional import require_recorded_inputs
 
 GOLDEN = Path(__file__).with_name("golden_hashes.json")
@@ -82,7 +82,9 @@ def suite_variants(corpus: Path, sp_model: Path, hf_tokenizer: Path, tiktoken_fi
         "bos": (make(tokenizer={"add_bos": True}), {}),
         "single_source": (make(sources=single), {}),
         "huggingface": (make(tokenizer={"kind": "huggingface", "path": str(hf_tokenizer)}), {}),
-        "tiktoken": (make(tokenizer={"kind": "tiktoken", "path": str(tiktoken_file)}), {}),
+        # Not one of tiktoken's encodings: it names its EOS and split regex (as Zephon used to guess them).
+        "tiktoken": (make(tokenizer={"kind": "tiktoken", "path": str(tiktoken_file),
+                                     **tiktoken_options(tiktoken_file)}), {}),
         "seed1": (make(seed=1), {}),
         "text_filter": (make(lanes=8), {"text_filter": _keep_long}),
         "text_map": (make(lanes=8), {"text_map": _upper}),
@@ -209,6 +211,14 @@ def test_suite_recipes_keep_their_batches(golden, corpus, sp_model, hf_tokenizer
     got = compute(variants)
     for name in variants:
         _check(name, got[name], golden["hashes"][name], golden)
+
+
+def test_the_tiktoken_recipe_keeps_its_batches(golden, corpus, sp_model, hf_tokenizer, tiktoken_file,
+                                               recorded_inputs):
+    """The tiktoken variant alone (``-k tiktoken``): its file, none of tiktoken's encodings, now names its special
+    tokens and split regex (those Zephon used to guess for every file), and its batches are unchanged."""
+    variants = suite_variants(corpus, sp_model, hf_tokenizer, tiktoken_file)
+    _check("tiktoken", compute(variants, ["tiktoken"])["tiktoken"], golden["hashes"]["tiktoken"], golden)
 
 
 def _inputs(corpus: Path, sp_model: Path, demo: Path) -> dict[str, str]:

@@ -29,9 +29,9 @@ from zephon.readers.base import DocLimit
 from zephon.readers.jsonl import JsonlReader
 
 try:
-    from tests.conftest import base_recipe_dict
+    from tests.conftest import base_recipe_dict, tiktoken_options
 except ImportError:  # tests/ is not a package
-    from conftest import base_recipe_dict
+    from conftest import base_recipe_dict, tiktoken_options
 
 ROOT = Path(__file__).resolve().parents[1]
 WORDS = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda".split()
@@ -534,10 +534,11 @@ def test_a_missing_or_folder_tokenizer_path_fails_the_build_with_the_key(tmp_pat
 @pytest.mark.parametrize("kind", ["sentencepiece", "huggingface", "tiktoken"])
 def test_pad_id_outside_the_vocabulary_is_refused(tokenizer_files, kind):
     path = str(tokenizer_files[kind])
-    vocab = load_tokenizer(TokenizerSpec(kind=kind, path=path)).vocab_size
-    assert load_tokenizer(TokenizerSpec(kind=kind, path=path, pad_id=vocab - 1)).pad_id == vocab - 1
+    extra = tiktoken_options(tokenizer_files[kind]) if kind == "tiktoken" else {}
+    vocab = load_tokenizer(TokenizerSpec(kind=kind, path=path, **extra)).vocab_size
+    assert load_tokenizer(TokenizerSpec(kind=kind, path=path, pad_id=vocab - 1, **extra)).pad_id == vocab - 1
     with pytest.raises(RecipeError) as info:
-        load_tokenizer(TokenizerSpec(kind=kind, path=path, pad_id=vocab))
+        load_tokenizer(TokenizerSpec(kind=kind, path=path, pad_id=vocab, **extra))
     assert f"tokenizer.pad_id = {vocab} is outside [0, {vocab})" in str(info.value)
 
 

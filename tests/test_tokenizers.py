@@ -20,9 +20,8 @@ from tiktoken.load import load_tiktoken_bpe
 from tokenizers import Tokenizer as HFTokenizer
 
 from zephon import RecipeError, TokenizerSpec, load_tokenizer, recipe_from_dict
-from zephon.tokenization import CL100K_PATTERN
 
-from .conftest import base_recipe_dict
+from .conftest import TIKTOKEN_TEST_PATTERN, base_recipe_dict, tiktoken_options
 
 KINDS = ("sentencepiece", "huggingface", "tiktoken")
 EXTRA = ["", "héllo wörld — naïve café", "日本語のテキストです。", "emoji 😀🎉 and\ttabs\r\nCRLF", "x",
@@ -48,7 +47,8 @@ class Reference:
         else:
             ranks = load_tiktoken_bpe(str(path))
             special = {"<|endoftext|>": len(ranks), "<|startoftext|>": len(ranks) + 1}
-            enc = tiktoken.Encoding("ref", pat_str=CL100K_PATTERN, mergeable_ranks=ranks, special_tokens=special)
+            enc = tiktoken.Encoding("ref", pat_str=TIKTOKEN_TEST_PATTERN, mergeable_ranks=ranks,
+                                    special_tokens=special)
             self.encode = enc.encode_ordinary
             self.decode = enc.decode
             self.eos, self.bos = special["<|endoftext|>"], special["<|startoftext|>"]
@@ -65,8 +65,10 @@ def texts(corpus_texts) -> list[str]:
 
 
 def spec(kind: str, paths, **kw) -> TokenizerSpec:
-    if kind == "tiktoken" and kw.get("add_bos"):
-        kw.setdefault("bos_token", "<|startoftext|>")
+    if kind == "tiktoken":  # not one of tiktoken's encodings: it names its special tokens and split regex
+        kw = {**tiktoken_options(paths[kind], bos=bool(kw.get("add_bos"))), **kw}
+        if kw.get("add_bos"):
+            kw.setdefault("bos_token", "<|startoftext|>")
     if kind == "huggingface" and kw.get("add_bos"):
         kw.setdefault("bos_token", "<|endoftext|>")  # the test tokenizer has no BOS of its own
     return TokenizerSpec(kind=kind, path=str(paths[kind]), **kw)

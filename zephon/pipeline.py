@@ -557,9 +557,25 @@ class Pipeline:
 
 def tokenizer(path: str, kind: str | None = None, *, add_eos: bool = True, add_bos: bool = False,
               eos_token: str | None = None, bos_token: str | None = None, pad_id: int | None = None,
-              pat_str: str | None = None) -> TokenizerSpec:
+              pat_str: str | None = None, special_tokens: Mapping[str, int] | None = None) -> TokenizerSpec:
     """A tokenizer by file: ``kind`` is guessed from the file when not given (SentencePiece ``.model``,
-    Hugging Face ``tokenizer.json``, tiktoken BPE ``.tiktoken``)."""
+    Hugging Face ``tokenizer.json``, tiktoken BPE ``.tiktoken``).
+
+    Args:
+        path: the tokenizer file.
+        kind: ``sentencepiece``, ``huggingface`` or ``tiktoken``; None: guessed from the file's content.
+        add_eos, add_bos: frame every document with EOS / BOS.
+        eos_token, bos_token: the name of the EOS / BOS token (default: the tokenizer's own, or a usual name).
+        pad_id: the id written into padding (default: EOS).
+        pat_str: tiktoken: the split regex. A file that is one of tiktoken's own encodings (by its SHA-256)
+            takes tiktoken's; any other file needs it.
+        special_tokens: tiktoken: special token name -> id, e.g. ``{"<|endoftext|>": 100257}``. Taken from
+            tiktoken for one of its own encodings; any other file needs it when EOS or BOS is added.
+
+    Returns:
+        The :class:`~zephon.recipe.TokenizerSpec` (loaded, and checked against the file, when first used).
+    """
+    from .recipe import RecipeError, validate_special_tokens
     from .tokenization import sniff_tokenizer_kind
 
     if kind is None:
@@ -567,7 +583,12 @@ def tokenizer(path: str, kind: str | None = None, *, add_eos: bool = True, add_b
         if kind is None:
             raise PipelineError(f"tokenizer({path!r}): cannot tell which kind of tokenizer this file is; pass "
                                 f"kind='sentencepiece', 'huggingface' or 'tiktoken'")
-    return TokenizerSpec(kind, str(path), add_eos, add_bos, eos_token, bos_token, pad_id, pat_str)
+    spec = TokenizerSpec(kind, str(path), add_eos, add_bos, eos_token, bos_token, pad_id, pat_str, special_tokens)
+    try:
+        validate_special_tokens(spec, f"tokenizer({path!r})")
+    except RecipeError as exc:
+        raise PipelineError(str(exc)) from None
+    return spec
 
 
 __all__ = ["Pipeline", "PipelineError", "SourceDecl", "tokenizer"]

@@ -53,7 +53,21 @@ class TokenizerSpec:
     eos_token: str | None = None  # huggingface / tiktoken: name of the EOS token
     bos_token: str | None = None
     pad_id: int | None = None  # id written into padding positions (labels there are ignored); default EOS
-    pat_str: str | None = None  # tiktoken: split regex; default is the cl100k pattern
+    # tiktoken only. A file that is one of tiktoken's own encodings (recognised by its SHA-256) takes that
+    # encoding's split regex and special tokens from tiktoken; any other file needs them here (see
+    # zephon/tokenization.py). Given for a recognised file, they replace tiktoken's.
+    pat_str: str | None = None  # split regex
+    # name -> id, stored as ((name, id), ...) sorted by id, so that the spec stays hashable and two spellings
+    # of one mapping are one spec; a mapping given here is turned into that form.
+    special_tokens: tuple[tuple[str, int], ...] | None = None
+
+    def __post_init__(self) -> None:
+        st = self.special_tokens
+        if isinstance(st, Mapping):
+            pairs = tuple(st.items())
+            if all(isinstance(k, str) and _is_int(v) for k, v in pairs):  # else left for the validation to name
+                pairs = tuple(sorted(pairs, key=lambda kv: (kv[1], kv[0])))
+            object.__setattr__(self, "special_tokens", pairs)
 
 
 @dataclass(frozen=True)
@@ -518,6 +532,45 @@ def _validate_tokenizer(t: TokenizerSpec, o: str) -> None:
         _string(getattr(t, name), f"tokenizer.{name}", o, optional=True)
     if t.pad_id is not None:  # and below the vocabulary size: checked when the tokenizer is loaded
         _non_negative(t.pad_id, "tokenizer.pad_id", o)
+    validate_special_tokens(t, o)
+
+
+SPECIAL_ID_LIMIT = 1 << 31  # token ids are int32 in every batch
+
+
+def validate_special_tokens(t: TokenizerSpec, origin: str) -> None:
+    """Check ``tokenizer.special_tokens``: tiktoken only, a table of distinct non-empty names to distinct ids.
+
+    Args:
+        t: the tokenizer spec (its ``special_tokens`` as stored: None or ``((name, id), ...)``).
+        origin: where the spec comes from (the recipe file), to start the message with.
+
+    Raises:
+        RecipeError: naming ``tokenizer.special_tokens``, what is wrong and the fix.
+    """
+    st = t.special_tokens
+    if st is None:
+        return
+    key = "tokenizer.special_tokens"
+    if t.kind != "tiktoken":  # silently ignored, it would be a different run than the one asked for
+        raise RecipeError(f"{origin}: {key} is for tiktoken files only; a {t.kind} file names its own special "
+                          f"tokens (pick EOS/BOS with tokenizer.eos_token / bos_token). Remove {key}.")
+    example = '{ "<|endoftext|>" = 100257 }'
+    if not isinstance(st, tuple) or not all(isinstance(p, tuple) and len(p) == 2 for p in st):
+        raise RecipeError(f"{origin}: '{key}' must be a table of token name = id, e.g. [tokenizer] "
+                          f"special_tokens = {example}, got {st!r}{_type_note(st)}.")
+    for name, tid in st:
+        if not isinstance(name, str) or not name:
+            raise RecipeError(f"{origin}: {key}: a token name must be a non-empty string, got {name!r}.")
+        if not _is_int(tid) or not 0 <= tid < SPECIAL_ID_LIMIT:
+            raise RecipeError(f"{origin}: {key}: the id of '{name}' must be an integer in [0, 2**31), got "
+                              f"{tid!r}{_type_note(tid)}.")
+    ids: dict[int, str] = {}
+    for name, tid in st:
+        if tid in ids:
+            raise RecipeError(f"{origin}: {key}: '{ids[tid]}' and '{name}' have the same id {tid}; give each "
+                              f"special token an id of its own.")
+        ids[tid] = name
 
 
 def _validate_source(s: SourceSpec, where: str, o: str) -> None:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import re
 from typing import Any, Callable, Mapping
 
 from .pipeline import (AccumulateStep, BatchStep, MixStep, PackStep, Pipeline, PipelineError, ShuffleStep)
@@ -194,8 +195,14 @@ def _toml_value(v: Any) -> str:
     if isinstance(v, (list, tuple)):
         return "[" + ", ".join(_toml_value(x) for x in v) + "]"
     if isinstance(v, Mapping):
-        return "{ " + ", ".join(f"{k} = {_toml_value(x)}" for k, x in v.items() if x is not None) + " }"
+        return "{ " + ", ".join(f"{_toml_key(k)} = {_toml_value(x)}" for k, x in v.items() if x is not None) + " }"
     raise TypeError(f"cannot write {v!r} to TOML")
+
+
+def _toml_key(k: Any) -> str:
+    """A TOML key: bare when it may be (``path``), quoted otherwise (a special token ``"<|endoftext|>"``)."""
+    k = str(k)
+    return k if re.fullmatch(r"[A-Za-z0-9_-]+", k) else json.dumps(k)
 
 
 def _fn_ref(fn: Callable, op_name: str) -> str:
@@ -207,7 +214,10 @@ def _fn_ref(fn: Callable, op_name: str) -> str:
 
 
 def _tok_table(spec: TokenizerSpec) -> dict[str, Any]:
-    return {k: v for k, v in vars(spec).items() if v is not None}
+    table = {k: v for k, v in vars(spec).items() if v is not None}
+    if spec.special_tokens is not None:  # stored as ((name, id), ...); written as the table a recipe gives
+        table["special_tokens"] = dict(spec.special_tokens)
+    return table
 
 
 def pipeline_to_toml(pipe: Pipeline) -> str:

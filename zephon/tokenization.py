@@ -8,25 +8,30 @@ A tokenizer file is checked before a backend reads it: a missing file, a folder,
 kind than ``tokenizer.kind`` (recognised by its content) or one no backend can read is a
 :class:`~zephon.recipe.RecipeError` that names ``tokenizer.path``, ``tokenizer.kind`` and what the file
 looks like, not a backend's traceback.
+
+A ``.tiktoken`` file holds only the BPE ranks; the split regex and the special tokens live in code. A file
+that is one of tiktoken's own encodings (its SHA-256 is the ``expected_hash`` one of the constructors in
+``tiktoken_ext.openai_public`` passes to ``load_tiktoken_bpe``) gets that constructor's pattern, special
+tokens and vocabulary size, so its ids equal ``tiktoken.get_encoding(name)``'s. Any other file needs
+``tokenizer.pat_str`` (always: it decides every id) and ``tokenizer.special_tokens`` (whenever a special
+token is written, i.e. ``add_eos`` or ``add_bos``); without them it is refused, not given a guess.
+``eos_token``/``bos_token`` pick among the special tokens by name (default EOS: ``<|endoftext|>``).
 """
 
 from __future__ import annotations
 
 import base64
+import hashlib
 import itertools
 import re
-from pathlib import Path
-from typing import Sequence
+import types
+from pathlib import Path, PurePosixPath
+from typing import Any, Sequence
 
 import numpy as np
 
-from .recipe import RecipeError, RecipeFileError, TokenizerSpec
+from .recipe import RecipeError, RecipeFileError, TokenizerSpec, validate_special_tokens
 
-# The split regex of OpenAI's cl100k encoding, the usual choice for a .tiktoken BPE file.
-CL100K_PATTERN = (
-    r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]++[\r\n]*|\s*[\r\n]|"""
-    r"""\s+(?!\S)|\s+"""
-)
 _EOS_NAMES = ("</s>", "<|endoftext|>", "<eos>", "<|end_of_text|>", "[SEP]")
 _BOS_NAMES = ("<s>", "<|begin_of_text|>", "<bos>", "[CLS]")
 # What each kind's file is, for the messages.
@@ -93,8 +98,10 @@ class Tokenizer:
 
     def __init__(self, spec: TokenizerSpec) -> None:
         self.spec = spec
+        validate_special_tokens(spec, f"tokenizer {spec.path}")  # a spec built in Python: not checked yet
         path, looks = _check_file(spec)
         self._encode = None
+        self.tiktoken_encoding: str | None = None  # tiktoken: which of tiktoken's own encodings the file is
         try:
             getattr(self, f"_load_{spec.kind}")(path)
         except (RecipeError, ImportError):  # already says what to fix / a library to install
@@ -141,17 +148,43 @@ class Tokenizer:
     def _load_tiktoken(self, path: Path) -> None:
         import tiktoken
 
-        ranks = {base64.b64decode(tok): int(rank) for tok, rank in
-                 (line.split() for line in path.read_text().splitlines() if line)}
-        eos_name = self.spec.eos_token or "<|endoftext|>"
-        special = {eos_name: len(ranks)}
-        if self.spec.bos_token:
-            special[self.spec.bos_token] = len(ranks) + 1
-        enc = tiktoken.Encoding(name=path.stem, pat_str=self.spec.pat_str or CL100K_PATTERN,
-                                mergeable_ranks=ranks, special_tokens=special)
+        spec = self.spec
+        data = path.read_bytes()
+        ranks = tiktoken_ranks(data)
+        digest = _content_sha256(data)
+        own = tiktoken_own_encodings(digest, ranks)
+        given = dict(spec.special_tokens) if spec.special_tokens is not None else None
+        free = max(ranks.values(), default=-1) + 1  # the first id above the file's ranks
+        if len(own) == 1:
+            definition = dict(own[0])
+            if spec.pat_str is not None:
+                definition["pat_str"] = spec.pat_str
+            if given is not None:  # the user's mapping replaces tiktoken's, so its size check no longer holds
+                definition["special_tokens"] = given
+                definition.pop("explicit_n_vocab", None)
+        else:
+            _refuse_ambiguous_tiktoken(spec, digest, free, [d["name"] for d in own])
+            definition = {"name": path.stem, "pat_str": spec.pat_str, "mergeable_ranks": ranks,
+                          "special_tokens": given or {}}
+        specials: dict[str, int] = definition["special_tokens"]
+        if given is not None:  # tiktoken does not check this: such an id would decode as two tokens
+            by_rank = {rank: tok for tok, rank in ranks.items()}
+            clash = sorted((tid, name) for name, tid in given.items() if tid in by_rank)
+            if clash:
+                tid, name = clash[0]
+                raise RecipeError(f"tokenizer.special_tokens of {spec.path}: '{name}' = {tid} is also the id of the "
+                                  f"file's token {by_rank[tid]!r}; give special tokens ids from {free} up "
+                                  f"(above the file's ranks).")
+        try:
+            enc = tiktoken.Encoding(**definition)
+        except ValueError as exc:  # tiktoken compiles pat_str here
+            raise RecipeError(f"tokenizer.pat_str of {spec.path} is not a regular expression tiktoken accepts "
+                              f"({str(exc)[:300]}); fix tokenizer.pat_str.") from exc
         self.vocab_size = enc.n_vocab
-        self.eos_id = special[eos_name]
-        self.bos_id = special.get(self.spec.bos_token) if self.spec.bos_token else None
+        self.eos_id = _special_id(specials, spec.eos_token, ("<|endoftext|>", *_EOS_NAMES), "eos_token", spec)
+        self.bos_id = _special_id(specials, spec.bos_token, _BOS_NAMES, "bos_token", spec)
+        self.tiktoken_encoding = own[0]["name"] if len(own) == 1 else None
+        # encode_ordinary: special-token strings in a document are ordinary text (no injection of EOS).
         self._encode = lambda texts: enc.encode_ordinary_batch(list(texts), num_threads=1)
         self._backend = enc
 
@@ -261,6 +294,136 @@ def _first_id(token_to_id, name: str | None, candidates: Sequence[str], key: str
     if name:
         raise RecipeError(f"tokenizer has no token '{name}' (tokenizer.{key}); set it to a token of the tokenizer.")
     return None
+
+
+# -- tiktoken: the file's ranks, and tiktoken's own definitions of its encodings ----------------------------
+class _NotThisFile(Exception):
+    """Raised by the stand-in loaders below: this constructor wants another file than the one at hand."""
+
+
+def tiktoken_ranks(data: bytes) -> dict[bytes, int]:
+    """The BPE ranks of a ``.tiktoken`` file's content, parsed as ``tiktoken.load.load_tiktoken_bpe`` does
+    (which cannot be called on a local path without copying the file into tiktoken's download cache).
+
+    Args:
+        data: the file's bytes: lines of ``base64-token rank``.
+
+    Returns:
+        token bytes -> rank.
+    """
+    ranks = {}
+    for line in data.splitlines():
+        if line:
+            token, rank = line.split()
+            ranks[base64.b64decode(token)] = int(rank)
+    return ranks
+
+
+def _content_sha256(data: bytes) -> str:
+    """The SHA-256 (hex) that tiktoken checks a file against (its ``expected_hash``); a seam for the tests."""
+    return hashlib.sha256(data).hexdigest()
+
+
+def tiktoken_own_encodings(sha256: str, ranks: dict[bytes, int]) -> list[dict[str, Any]]:
+    """tiktoken's own definition of the encoding whose BPE file has this SHA-256, from tiktoken's own code.
+
+    Each constructor of ``tiktoken_ext.openai_public.ENCODING_CONSTRUCTORS`` is called with its BPE loader
+    replaced by one that returns ``ranks`` only when the constructor's ``expected_hash`` is ``sha256`` and
+    refuses everything else, so nothing is ever read or downloaded. The constructors are called as copies
+    bound to a copy of their module's globals (the loaders replaced there, and every function of the module
+    rebound, so that ``o200k_harmony`` calling ``o200k_base`` stays in the copy): unlike patching the module,
+    this cannot be seen by another thread calling ``tiktoken.get_encoding`` at the same time, so no lock.
+    ``gpt2`` loads its ranks with ``data_gym_to_mergeable_bpe_ranks`` from two data_gym files, not one
+    ``.tiktoken`` file: it is skipped (``r50k_base`` is its ``.tiktoken`` form, with the same ranks,
+    pattern and special tokens).
+
+    Args:
+        sha256: the file's SHA-256, hex.
+        ranks: the file's ranks, returned by the stand-in loader to the constructor that asks for this file.
+
+    Returns:
+        The constructors' dicts (``name``, ``pat_str``, ``mergeable_ranks`` = ``ranks``, ``special_tokens``
+        and maybe ``explicit_n_vocab``: ``tiktoken.Encoding``'s arguments) for this file. Where several
+        constructors load it (``p50k_base`` and ``p50k_edit``; ``o200k_base`` and ``o200k_harmony``), only
+        the one named after the file it loads (``.../p50k_base.tiktoken``), its base encoding, is kept.
+        Empty for a file that is none of tiktoken's.
+    """
+    try:
+        from tiktoken_ext import openai_public
+    except ImportError:  # a tiktoken without its OpenAI definitions: no file is one of them
+        return []
+    loaded: list[str] = []
+
+    def load_tiktoken_bpe(tiktoken_bpe_file: str, expected_hash: str | None = None) -> dict[bytes, int]:
+        if expected_hash != sha256:  # never read the blob: this constructor is not this file's
+            raise _NotThisFile
+        loaded.append(tiktoken_bpe_file)
+        return ranks
+
+    def data_gym_to_mergeable_bpe_ranks(*args: Any, **kwargs: Any) -> dict[bytes, int]:
+        raise _NotThisFile  # gpt2's data_gym files (see above)
+
+    module_globals = vars(openai_public)
+    copies: dict[str, Any] = dict(module_globals)
+    for name, value in module_globals.items():
+        if isinstance(value, types.FunctionType) and value.__module__ == openai_public.__name__:
+            copies[name] = _rebound(value, copies)
+    copies["load_tiktoken_bpe"] = load_tiktoken_bpe
+    copies["data_gym_to_mergeable_bpe_ranks"] = data_gym_to_mergeable_bpe_ranks
+    found: list[tuple[dict[str, Any], str]] = []
+    for constructor in getattr(openai_public, "ENCODING_CONSTRUCTORS", {}).values():
+        if not isinstance(constructor, types.FunctionType):
+            continue
+        del loaded[:]
+        try:
+            definition = _rebound(constructor, copies)()
+        except _NotThisFile:
+            continue
+        if loaded and definition.get("mergeable_ranks") is ranks:
+            found.append((definition, PurePosixPath(loaded[-1]).stem))
+    named_after = [d for d, stem in found if d.get("name") == stem]
+    return named_after if named_after else [d for d, _ in found]
+
+
+def _rebound(fn: types.FunctionType, module_globals: dict[str, Any]) -> types.FunctionType:
+    """``fn``'s code bound to other globals (the same function, looking its names up there)."""
+    copy = types.FunctionType(fn.__code__, module_globals, fn.__name__, fn.__defaults__, fn.__closure__)
+    copy.__kwdefaults__ = fn.__kwdefaults__
+    return copy
+
+
+def _refuse_ambiguous_tiktoken(spec: TokenizerSpec, sha256: str, free: int, matches: list[str]) -> None:
+    """A file that is not (exactly) one of tiktoken's encodings must name what tiktoken would take from code:
+    ``pat_str`` always, ``special_tokens`` when one is written (EOS or BOS). Raises a RecipeError if not;
+    ``free`` is the first id above the file's ranks, for the example."""
+    missing = []
+    if spec.special_tokens is None and (spec.add_eos or spec.add_bos):
+        missing.append(f'special_tokens = {{ "<|endoftext|>" = {free} }} (its special tokens, name = id; '
+                       f"ids from {free} up are free)")
+    if spec.pat_str is None:
+        missing.append("pat_str = '...' (the split regex the file was trained with, e.g. the pat_str of "
+                       "cl100k_base or o200k_base in tiktoken_ext/openai_public.py)")
+    if not missing:
+        return
+    what = (f"matches several of tiktoken's encodings ({', '.join(matches)})" if matches else
+            "is not one of tiktoken's encodings")
+    raise RecipeError(f"tokenizer.path = {spec.path}: this .tiktoken file {what} (sha256 {sha256}), so Zephon "
+                      f"cannot take its split regex and special tokens from tiktoken. Add to [tokenizer]: "
+                      f"{'; and '.join(missing)}. In Python: zephon.tokenizer(path, special_tokens={{...}}, "
+                      f"pat_str=...).")
+
+
+def _special_id(specials: dict[str, int], name: str | None, candidates: Sequence[str], key: str,
+                spec: TokenizerSpec) -> int | None:
+    """The id of the special token ``name`` (or of the first of ``candidates`` present, None if none is)."""
+    if name is None:
+        return next((specials[c] for c in candidates if c in specials), None)
+    if name not in specials:
+        names = sorted(specials, key=specials.__getitem__)
+        have = (", ".join(names[:12]) + (f" and {len(names) - 12} more" if len(names) > 12 else "")) or "none"
+        raise RecipeError(f"tokenizer {spec.path} has no special token '{name}' (tokenizer.{key}); its special "
+                          f"tokens are: {have}. Name one of them, or add '{name}' to tokenizer.special_tokens.")
+    return specials[name]
 
 
 def load_tokenizer(spec: TokenizerSpec) -> Tokenizer:

@@ -51,9 +51,21 @@ def file_digest(path: str) -> str:
 
 
 def tokenizer_description(spec: TokenizerSpec) -> dict[str, Any]:
-    """What decides a tokenizer's ids: its kind, file digest and framing options (fingerprinted)."""
-    return {"kind": spec.kind, "sha256": file_digest(spec.path), "add_eos": spec.add_eos, "add_bos": spec.add_bos,
-            "eos_token": spec.eos_token, "bos_token": spec.bos_token, "pad_id": spec.pad_id, "pat_str": spec.pat_str}
+    """What decides a tokenizer's ids: its kind, file digest and framing options (fingerprinted).
+
+    Args:
+        spec: the tokenizer.
+
+    Returns:
+        Plain data for the fingerprint. A tiktoken file's split regex and special tokens are ``pat_str`` and
+        ``special_tokens`` when given; when not, they are tiktoken's own for the file, decided by its digest.
+    """
+    d = {"kind": spec.kind, "sha256": file_digest(spec.path), "add_eos": spec.add_eos, "add_bos": spec.add_bos,
+         "eos_token": spec.eos_token, "bos_token": spec.bos_token, "pad_id": spec.pad_id, "pat_str": spec.pat_str}
+    if spec.kind == "tiktoken":  # only tiktoken's fingerprints change with this key, as its ids did (tiktoken's
+        # own special tokens and regex, no invented EOS); other kinds keep theirs, and their checkpoints resume
+        d["special_tokens"] = dict(spec.special_tokens) if spec.special_tokens is not None else None
+    return d
 
 
 def _all_text(texts: list) -> bool:
