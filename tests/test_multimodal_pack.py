@@ -94,7 +94,7 @@ def split_items(items: list[Any], max_tokens: int, limits: ImageLimits) -> list[
 
 
 def run(acc: Any, items: list[Any]) -> list[Any]:
-    node = AccumulatorNode(IterableWrapper(items), acc, "pack")
+    node = AccumulatorNode(IterableWrapper(items), lambda ctx: acc, "pack", LaneContext(0, 0))
     out = []
     while True:
         try:

@@ -22,11 +22,11 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from torchdata.nodes import BaseNode, IterableWrapper
 
-from zephon import WorkPlan
+from zephon import StateError, WorkPlan
 from zephon.engine.counters import LaneCounters
 from zephon.engine.nodes import AccumulatorNode, MergeNode
 from zephon.engine.sentinels import FlushPolicy
-from zephon.engine.sources import EmptySourceWatch, SourceStream, StageBuffer
+from zephon.engine.sources import EmptySourceWatch, SourceStream, StageBuffer, position_of, position_state
 from zephon.engine.stages import drop_delivered
 from zephon.ops.base import LaneContext
 from zephon.ops.mix import Mix, integer_strides
@@ -110,7 +110,7 @@ def pieces(items: list[Any], max_len: int, token_fields: tuple[str, ...] = ("inp
 
 
 def run(acc: Any, items: list[Any]) -> list[Any]:
-    return drain(AccumulatorNode(IterableWrapper(items), acc, "op"))
+    return drain(AccumulatorNode(IterableWrapper(items), lambda ctx: acc, "op", LaneContext(0, 0)))
 
 
 def operator_factories(seq_len: int, algorithm: str, max_bins: int, buffer: int, lane: int):
@@ -199,7 +199,7 @@ def test_packer_keeps_every_per_token_field_aligned_and_payloads_with_their_docu
 
 def test_packer_refuses_a_carry_longer_than_the_segment():
     items = docs_of([3, 4], 0) + [Flush(1, ())]
-    with pytest.raises(RuntimeError, match="sources now hold different data"):
+    with pytest.raises(StateError, match="sources now hold different data"):
         run(Pack(LaneContext(0, 0, carry=9), 8, "best_fit", 2), items)
 
 
@@ -231,15 +231,13 @@ class SyntheticChunks(BaseNode):
     of ``chunk`` documents aligned to multiples of ``chunk``; the cursor is a document index; the
     documents are split into pieces of ``piece_len`` as the stateless stage would."""
 
-    def __init__(self, source: int, sizes: list[int], doc_len: int, chunk: int, piece_len: int,
-                 position: tuple[int, int, int]) -> None:
+    def __init__(self, source: int, sizes: list[int], doc_len: int, chunk: int, piece_len: int) -> None:
         super().__init__()
         self.source, self.sizes, self.doc_len, self.chunk, self.piece_len = source, sizes, doc_len, chunk, piece_len
-        self.position = position
 
     def reset(self, initial_state: dict | None = None) -> None:
         super().reset(initial_state)
-        self.i, cursor, self.skip = self.position
+        self.i, cursor, self.skip = position_of(initial_state, "synthetic") if initial_state else (0, -1, 0)
         self.pos = max(cursor, 0)
 
     def next(self) -> Chunk:
@@ -267,13 +265,14 @@ class SyntheticChunks(BaseNode):
 
 
 def make_mixer(specs, weights, by, flush_every, sentinels=0, positions=None, piece_len=4):
-    positions = positions or [(0, -1, 0)] * len(specs)
     policy, counters = FlushPolicy(flush_every), LaneCounters()
-    streams = [SourceStream(s, f"s{s}", SyntheticChunks(s, sizes, doc_len, chunk, piece_len, positions[s]),
-                            positions[s], policy, EmptySourceWatch(f"s{s}", 1000), counters)
+    streams = [SourceStream(s, f"s{s}", SyntheticChunks(s, sizes, doc_len, chunk, piece_len), 0, policy,
+                            EmptySourceWatch(f"s{s}", 1000), counters)
                for s, (sizes, doc_len, chunk) in enumerate(specs)]
-    node = MergeNode(Mix(weights, by), streams, policy, sentinels, counters)
-    node.reset(None)
+    node = MergeNode(lambda ctx: Mix(weights, by), streams, policy, counters, LaneContext(0, 0))
+    node.reset(None if positions is None else  # the merge's state at a sentinel: its sources' positions there
+               {"sentinels": sentinels, "emitted": 0,
+                "sources": {f"s{s}": position_state(p) for s, p in enumerate(positions)}})
     return node
 
 

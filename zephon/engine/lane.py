@@ -20,7 +20,7 @@ import numpy as np
 
 from torchdata.nodes import BaseNode
 
-from ..ops.base import LaneContext, call_factory
+from ..ops.base import LaneContext
 from ..ops.record_rows import RecordRow
 from ..plan import WorkPlan
 from ..records import INPUT_IDS, Flush, Row
@@ -28,9 +28,9 @@ from ..state.lane import LaneState, StateError, parse_lane_state
 from .clock import LaneClock
 from .counters import LaneCounters
 from .executors import Executor
-from .nodes import AccumulatorNode, MergeNode
+from .nodes import EMITTED, SENTINEL, SENTINELS, SOURCE, SOURCES, AccumulatorNode, MergeNode
 from .sentinels import FlushPolicy
-from .sources import ChunkSource, EmptySourceWatch, ReadAhead, SourceStream, StageBuffer
+from .sources import ChunkSource, EmptySourceWatch, ReadAhead, SourceStream, StageBuffer, position_state
 from .stages import StageProgram
 
 
@@ -64,9 +64,6 @@ class LaneProgram:
         fields = self.token_fields or {INPUT_IDS: (np.int32, 0)}
         return Row(self.seq_len, {k: np.zeros(self.seq_len, dtype=dt) for k, (dt, _) in fields.items()})
 
-    def context(self, lane: int, state: LaneState, clock: LaneClock | None = None) -> LaneContext:
-        return LaneContext(self.seed, lane, state.sentinels, tuple(self.names), state.carry, clock, state.clock[1])
-
     def parse_state(self, d: Any, lane: int, check_plan: bool = True) -> LaneState:
         return parse_lane_state(d, lane, self.names, self.seq_len, self.plan if check_plan else None)
 
@@ -74,40 +71,93 @@ class LaneProgram:
 REPLAY_PRIME_MAX = 256  # chunks per source put in flight at once for a resumed lane's replay
 
 
+@dataclass
+class LaneNodes:
+    """One lane's chain of torchdata nodes (see :func:`lane_nodes`): per source a :class:`ChunkSource` under
+    one :class:`StageBuffer` per stateless stage, the :class:`MergeNode` where the sources meet, one
+    :class:`AccumulatorNode` per operator after it (the last makes the lane's rows), and the lane's step
+    clock. Each node iterates on its own (``reset(None)`` starts at the lane's beginning) with honest
+    ``state_dict()``/``reset(state)``."""
+
+    sources: list[ChunkSource]
+    stages: list[list[StageBuffer]]
+    merge: MergeNode
+    accumulators: list[AccumulatorNode]
+    clock: LaneClock
+    counters: LaneCounters
+
+    @property
+    def rows(self) -> AccumulatorNode:
+        """The last node: the lane's rows and its sentinels."""
+        return self.accumulators[-1]
+
+    def all(self) -> list[BaseNode]:
+        """Every node, upstream first: the sources' chains, the merge, the accumulators."""
+        chains = [node for source, stages in zip(self.sources, self.stages) for node in (source, *stages)]
+        return [*chains, self.merge, *self.accumulators]
+
+
+def lane_nodes(program: LaneProgram, lane: int, executor_for: Callable[[int, int], Executor],
+               depth: "int | ReadAhead" = 1, events: list | None = None,
+               counters: LaneCounters | None = None) -> LaneNodes:
+    """Build ``lane``'s chain of nodes for ``program`` (stateless stages on ``executor_for(source, stage)``,
+    ``depth`` chunks in flight per stage; ``events``: the mixture interventions in force, shared)."""
+    counters = counters if counters is not None else LaneCounters()
+    clock = LaneClock(program.rows_per_lane, events)
+    ctx = LaneContext(program.seed, lane, 0, tuple(program.names), 0, clock, -1)
+    policy = FlushPolicy(program.flush_every, program.flush_by)
+    sources, stages, streams = [], [], []
+    for s, (src, name) in enumerate(zip(program.plan.sources, program.names)):
+        node: BaseNode = ChunkSource(src, lane)
+        sources.append(node)
+        buffers = []
+        for k in range(program.stages.n_stages(s)):
+            node = StageBuffer(node, executor_for(s, k), s, k, depth)
+            buffers.append(node)
+        stages.append(buffers)
+        streams.append(SourceStream(s, name, node, len(buffers), policy,
+                                    EmptySourceWatch(name, program.max_empty_units[s]), counters))
+    merge = MergeNode(program.merge, streams, policy, counters, ctx)
+    chain: BaseNode = merge
+    accumulators = []
+    for i, (name, factory) in enumerate(program.steps):
+        chain = AccumulatorNode(chain, factory, name, ctx, counts_rows=i == len(program.steps) - 1)
+        accumulators.append(chain)
+    return LaneNodes(sources, stages, merge, accumulators, clock, counters)
+
+
+def chain_state(nodes: LaneNodes, state: LaneState) -> dict[str, Any]:
+    """The state of a lane's last node that restarts the chain right after ``state``'s sentinel: every node
+    at that sentinel, nothing emitted since (the lane replays its delivered rows itself)."""
+    s = state.sentinels
+    upstream: dict[str, Any] = {SENTINELS: s, EMITTED: 0, SOURCES: {
+        st.name: position_state(state.positions[st.name], st.stages) for st in nodes.merge.streams}}
+    last = len(nodes.accumulators) - 1
+    for i in range(last + 1):
+        sentinel = {"index": s, "carry": 0, "release": -1}
+        if i == last:
+            sentinel.update(carry=state.carry, release=state.clock[1], rows=state.clock[0])
+        upstream = {SOURCE: upstream, SENTINEL: sentinel, EMITTED: 0}
+    return upstream
+
+
 class Lane(BaseNode[list[Row]]):
-    """Yields the ``rows_per_lane`` rows of ``lane`` for each global step."""
+    """Yields the ``rows_per_lane`` rows of ``lane`` for each global step.
+
+    Its state is the compact :class:`~zephon.state.lane.LaneState` (what a checkpoint holds per lane): its
+    chain's state at the last sentinel before its last delivered row, and the rows delivered since."""
 
     def __init__(self, program: LaneProgram, lane: int, executor_for: Callable[[int, int], Executor],
                  depth: "int | ReadAhead", events: list | None = None) -> None:
         super().__init__()
         self.program, self.lane, self.executor_for, self.depth = program, lane, executor_for, depth
-        self._counters = LaneCounters()
-        self._streams: list[SourceStream] = []
         self.events = events if events is not None else []  # mixture interventions (shared with the loader)
+        self.nodes = lane_nodes(program, lane, executor_for, depth, self.events)
+        self._rows = self.nodes.rows
+        self._streams = self.nodes.merge.streams
+        self._counters = self.nodes.counters
+        self.clock = self.nodes.clock
         self._state = LaneState.initial(program.names)
-
-    # -- construction ---------------------------------------------------------------------------
-    def _build(self, state: LaneState) -> BaseNode:
-        p = self.program
-        rows, release = state.clock
-        # a row the packer held over the sentinel is not complete until the replay reaches its release
-        self.clock = clock = LaneClock(p.rows_per_lane, self.events, rows - (release >= 0))
-        ctx = p.context(self.lane, state, clock)
-        policy = FlushPolicy(p.flush_every, p.flush_by)
-        streams = []
-        for s, (src, name) in enumerate(zip(p.plan.sources, p.names)):
-            position = state.positions[name]
-            node: BaseNode = ChunkSource(src, self.lane, position)
-            for k in range(p.stages.n_stages(s)):
-                node = StageBuffer(node, self.executor_for(s, k), s, k, self.depth)
-            streams.append(SourceStream(s, name, node, position, policy,
-                                        EmptySourceWatch(name, p.max_empty_units[s]), self._counters))
-        self._streams = streams
-        chain: BaseNode = MergeNode(call_factory(p.merge, ctx), streams, policy, state.sentinels, self._counters,
-                                    clock)
-        for name, factory in p.steps:
-            chain = AccumulatorNode(chain, call_factory(factory, ctx), name)
-        return chain
 
     @property
     def counters(self) -> LaneCounters:
@@ -118,18 +168,14 @@ class Lane(BaseNode[list[Row]]):
 
     def reset(self, initial_state: dict | None = None) -> None:
         super().reset(initial_state)
-        for stream in self._streams:  # the chain about to be replaced: its counts so far stand
-            stream.settle()
         if initial_state is None:  # torchdata's contract: reset(None) starts from the beginning
             self._state = LaneState.initial(self.program.names)
         else:
             self._state = initial_state if isinstance(initial_state, LaneState) else \
                 self.program.parse_state(initial_state, self.lane)
-        self._rows = self._build(self._state)
-        self._rows.reset(None)
+        self._rows.reset(chain_state(self.nodes, self._state) if self._state.sentinels else None)
         self._segment_start = self._state  # state at the last sentinel seen
         self._since = 0  # rows emitted after that sentinel
-        self._received = self._state.clock[0]  # rows received from the chain since the lane began (C)
         self.ended = False  # the chain has no more rows: the lane delivers padding rows
         self._to_skip = self._state.rows_since_flush  # replay-and-skip, on the first next()
         self._taken_base = (0,) * len(self._streams)  # chunks taken by the sources at the last sentinel
@@ -163,13 +209,11 @@ class Lane(BaseNode[list[Row]]):
                                      f"holds only {self._since}. The state was edited or does not belong to this "
                                      f"data; resume from the state as it was written.")
                 self._segment_start = LaneState(item.index, dict(zip(self.program.names, item.positions)), 0,
-                                                item.carry, (self._received, item.release))
+                                                item.carry, (self.clock.rows, item.release))
                 self._since = 0
                 self._taken_base = item.taken or self._taken_base
                 continue
             self._since += 1
-            self._received += 1
-            self.clock.rows += 1
             return item
 
     def skip_delivered(self) -> None:

@@ -7,47 +7,111 @@ whenever the lane's :class:`~zephon.engine.sentinels.FlushPolicy` says one is du
 source's position. :class:`AccumulatorNode` drives any accumulator (built-in or yours) with
 ``push``/``flush`` (or ``on_flush``) and forwards the sentinels in order.
 
-These nodes are rebuilt by their lane at a sentinel, never restored on their own: their ``get_state``
-says where they stand (the sentinels they have passed) for inspection, and ``reset`` takes no state.
+**State, mapped to flush sentinels.** After a sentinel every operator is as if freshly built, so a node's
+state is its upstream's state at the last sentinel it passed, plus how many items it has emitted since,
+nested as torchdata's ``Batcher`` nests its source::
+
+    MergeNode:        {"sentinels": j, "sources": {name: <source chain state at sentinel j>}, "emitted": k}
+    AccumulatorNode:  {"source": <upstream state when sentinel j entered>, "sentinel": {"index": j, "carry": c,
+                       "release": r[, "rows": R]}, "emitted": k}
+
+``reset(state)`` rebuilds the operator fresh for the segment after sentinel ``j`` (the packer told the
+sentinel's ``carry`` and ``release``), resets the upstream to its state there, and replays ``k`` items
+(on the first ``next()``); ``reset(None)`` starts over from the lane's beginning, contents included. No
+buffer is ever stored: the replay rebuilds it, as a lane's resume does.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections import deque
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from torchdata.nodes import BaseNode
 
+from ..ops.base import LaneContext, call_factory
 from ..records import Flush
+from ..state.lane import StateError
 from .counters import LaneCounters
 from .sentinels import FlushPolicy
-from .sources import SourceStream
+from .sources import SourceStream, position_of, position_state
+
+SOURCE, SOURCES, SENTINEL, SENTINELS, EMITTED = "source", "sources", "sentinel", "sentinels", "emitted"
 
 
-def _no_state(node: BaseNode, initial_state: dict | None) -> None:
-    if initial_state is not None:
-        raise ValueError(f"{type(node).__name__} is rebuilt by its lane at a flush sentinel; restore the lane "
-                         f"(zephon.engine.lane.Lane) with a LaneState instead of this node.")
+def _get(state: Any, key: str, where: str) -> Any:
+    if not isinstance(state, Mapping) or key not in state:
+        raise StateError(f"{where}: the node state has no '{key}' (got {state!r:.100}); pass a state this node's "
+                         f"state_dict() returned")
+    return state[key]
 
 
-class MergeNode(BaseNode):
-    """Interleaves the lane's source streams into one record stream with flush sentinels."""
+def _count(state: Any, key: str, where: str) -> int:
+    value = _get(state, key, where)
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise StateError(f"{where}: '{key}' must be an integer >= 0, got {value!r:.40}")
+    return value
 
-    def __init__(self, merge: Any, streams: Sequence[SourceStream], policy: FlushPolicy, sentinels: int,
-                 counters: LaneCounters, clock: Any = None) -> None:
+
+class _Replaying:
+    """The replay both nodes share: after ``reset(state)``, the first ``next()`` re-emits (and drops) the
+    ``emitted`` items the state says came after its sentinel."""
+
+    where: str
+    _replay_to: int
+
+    def _replay(self) -> None:
+        n, self._replay_to = self._replay_to, 0
+        for done in range(n):
+            try:
+                item = self._next_item()  # type: ignore[attr-defined]
+            except StopIteration:
+                raise StateError(f"{self.where}: the state says {n} items came after its last sentinel, but the data "
+                                 f"end after {done}. The state was edited or does not belong to this data.") from None
+            if type(item) is Flush:
+                raise StateError(f"{self.where}: the state says {n} items came after its last sentinel, but the "
+                                 f"segment after it holds only {done}. The state was edited or does not belong to "
+                                 f"this data.")
+
+
+class MergeNode(_Replaying, BaseNode):
+    """Interleaves the lane's source streams into one record stream with flush sentinels.
+
+    ``make_merge(ctx)`` builds the mixer for a segment; ``ctx`` is the lane's context (its segment is set at
+    each reset); ``streams`` are the sources' streams, each over its chain of nodes."""
+
+    def __init__(self, make_merge: Callable[..., Any], streams: Sequence[SourceStream], policy: FlushPolicy,
+                 counters: LaneCounters, ctx: LaneContext) -> None:
         super().__init__()
-        self.merge, self.streams, self.policy = merge, list(streams), policy
-        self.counters = counters
-        self.clock = clock  # the lane's step clock: the merge records the rows complete at each decision
-        self._sentinels = sentinels
+        self.make_merge, self.streams, self.policy, self.counters, self.ctx = make_merge, list(streams), policy, \
+            counters, ctx
+        self.clock = ctx.clock  # the lane's step clock: the merge records the rows complete at each decision
+        self.where = f"lane {ctx.lane}, merge"
         self._queue: deque = deque()
+        self._replay_to = 0
 
     def reset(self, initial_state: dict | None = None) -> None:
-        _no_state(self, initial_state)
         super().reset(initial_state)
+        if initial_state is None:
+            sentinels, positions, emitted = 0, [(0, -1, 0)] * len(self.streams), 0
+        else:
+            sentinels = _count(initial_state, SENTINELS, self.where)
+            sources = _get(initial_state, SOURCES, self.where)
+            if not isinstance(sources, Mapping) or set(sources) != {s.name for s in self.streams}:
+                raise StateError(f"{self.where}: 'sources' must map every source ({[s.name for s in self.streams]}) "
+                                 f"to its state, got {sources!r:.100}")
+            positions = [position_of(sources[s.name], f"{self.where}, source {s.name!r}") for s in self.streams]
+            emitted = _count(initial_state, EMITTED, self.where)
+        for stream, position in zip(self.streams, positions):
+            stream.restart(position)
+        self.policy.reset()
         self._queue.clear()
-        for stream in self.streams:
-            stream.chunks.reset(None)
+        self._sentinels = sentinels
+        self._anchor = Flush(sentinels, tuple(positions))
+        self._emitted, self._replay_to = 0, emitted
+        self.merge = call_factory(self.make_merge, dataclasses.replace(self.ctx, segment=sentinels, carry=0, release=-1))
+        if self.clock is not None:
+            self.clock.decision_rows = -1
 
     def prime(self, limit: int | None = None) -> None:
         for stream in self.streams:
@@ -60,7 +124,9 @@ class MergeNode(BaseNode):
                 stream.chunks.prime_replay(n)
 
     def get_state(self) -> dict[str, Any]:
-        return {"sentinels": self._sentinels, "positions": {s.name: list(s.position) for s in self.streams}}
+        anchor = self._anchor
+        return {SENTINELS: anchor.index, EMITTED: self._emitted + self._replay_to,
+                SOURCES: {s.name: position_state(p, s.stages) for s, p in zip(self.streams, anchor.positions)}}
 
     def _sentinel(self) -> None:
         self._queue.extend(self.merge.flush())
@@ -71,6 +137,11 @@ class MergeNode(BaseNode):
                                  taken=tuple(s.taken for s in self.streams)))
 
     def next(self) -> Any:
+        if self._replay_to:
+            self._replay()
+        return self._next_item()
+
+    def _next_item(self) -> Any:
         # Once per document: keep it lean. The streams count documents and tokens per chunk (metrics), and
         # the clock's latest decided step is worked out only when asked (LaneClock.decided).
         queue = self._queue
@@ -95,29 +166,58 @@ class MergeNode(BaseNode):
                 queue.extend(out)
                 self._sentinel()
             elif len(out) == 1:  # the usual case: the document itself, straight through
+                self._emitted += 1
                 return out[0]
             else:
                 queue.extend(out)
-        return queue.popleft()
+        item = queue.popleft()
+        if type(item) is Flush:
+            self._anchor, self._emitted = item, 0
+        else:
+            self._emitted += 1
+        return item
 
 
-class AccumulatorNode(BaseNode):
-    """Drives one accumulator over its upstream's records and sentinels (see the module docstring)."""
+class AccumulatorNode(_Replaying, BaseNode):
+    """Drives one accumulator over its upstream's records and sentinels (see the module docstring).
 
-    def __init__(self, upstream: BaseNode, accumulator: Any, name: str) -> None:
+    ``factory(ctx)`` builds the accumulator for a segment. ``counts_rows``: this is the lane's last operator,
+    whose outputs are its rows: it counts them on the lane's step clock (:mod:`zephon.engine.clock`)."""
+
+    def __init__(self, upstream: BaseNode, factory: Callable[..., Any], name: str, ctx: LaneContext,
+                 counts_rows: bool = False) -> None:
         super().__init__()
-        self.upstream, self.acc, self.name = upstream, accumulator, name
-        self._on_flush = getattr(accumulator, "on_flush", None)
+        self.upstream, self.factory, self.name, self.ctx = upstream, factory, name, ctx
+        self.clock = ctx.clock if counts_rows else None
+        self.where = f"lane {ctx.lane}, operator '{name}'"
         self._out: deque = deque()
-        self._sentinels = 0
-        self._ended = False
+        self._entries: deque = deque()  # the upstream's state as each sentinel not yet emitted entered
+        self._replay_to = 0
 
     def reset(self, initial_state: dict | None = None) -> None:
-        _no_state(self, initial_state)
         super().reset(initial_state)
+        if initial_state is None:
+            self.upstream.reset(None)
+            sentinel: Mapping[str, Any] = {"index": 0, "carry": 0, "release": -1, "rows": 0}
+            emitted = 0
+        else:
+            self.upstream.reset(_get(initial_state, SOURCE, self.where))
+            sentinel = _get(initial_state, SENTINEL, self.where)
+            emitted = _count(initial_state, EMITTED, self.where)
+        index = _count(sentinel, "index", self.where)
+        carry, release = _count(sentinel, "carry", self.where), _get(sentinel, "release", self.where)
+        if not isinstance(release, int) or isinstance(release, bool) or release < -1:
+            raise StateError(f"{self.where}: the sentinel's 'release' must be an integer >= -1, got {release!r:.40}")
+        if self.clock is not None:  # the row held over the sentinel is complete where the replay releases it
+            self.clock.rows = _count(sentinel, "rows", self.where) - (release >= 0)
+        self._anchor = (self.upstream.state_dict(), {"index": index, "carry": carry, "release": release,
+                                                     **({"rows": sentinel["rows"]} if self.clock is not None else {})})
+        self.acc = call_factory(self.factory, dataclasses.replace(self.ctx, segment=index, carry=carry, release=release))
+        self._on_flush = getattr(self.acc, "on_flush", None)
         self._out.clear()
+        self._entries.clear()
         self._ended = False
-        self.upstream.reset(None)
+        self._emitted, self._replay_to = 0, emitted
         self._pull = self.upstream.next  # reset just now: BaseNode.__next__'s start-up check, once per record, is moot
 
     def prime(self, limit: int | None = None) -> None:
@@ -127,13 +227,19 @@ class AccumulatorNode(BaseNode):
         self.upstream.prime_replay(counts)
 
     def get_state(self) -> dict[str, Any]:
-        return {"operator": self.name, "sentinels_passed": self._sentinels}
+        source, sentinel = self._anchor
+        return {SOURCE: source, SENTINEL: dict(sentinel), EMITTED: self._emitted + self._replay_to}
 
     def _extend(self, items: Iterable[Any] | None) -> None:
         if items:
             self._out.extend(items)
 
     def next(self) -> Any:
+        if self._replay_to:
+            self._replay()
+        return self._next_item()
+
+    def _next_item(self) -> Any:
         out = self._out
         pull, push = self._pull, self.acc.push
         while not out:
@@ -145,8 +251,8 @@ class AccumulatorNode(BaseNode):
                 self._ended = True
                 self._extend(self.acc.flush())
                 continue
-            if isinstance(item, Flush):
-                self._sentinels += 1
+            if type(item) is Flush:
+                self._entries.append(self.upstream.get_state())
                 if self._on_flush is not None:
                     self._extend(self._on_flush(item))
                 else:
@@ -156,7 +262,17 @@ class AccumulatorNode(BaseNode):
                 items = push(item)
                 if items:
                     out.extend(items)
-        return out.popleft()
+        item = out.popleft()
+        if type(item) is Flush:
+            sentinel = {"index": item.index, "carry": item.carry, "release": item.release}
+            if self.clock is not None:
+                sentinel["rows"] = self.clock.rows
+            self._anchor, self._emitted = (self._entries.popleft(), sentinel), 0
+        else:
+            self._emitted += 1
+            if self.clock is not None:
+                self.clock.rows += 1
+        return item
 
 
 class TransformStep:

@@ -16,7 +16,7 @@ in order, and where the reader stands after each.
 from __future__ import annotations
 
 from collections import deque
-from typing import Any, Iterator
+from typing import Any, Iterator, Mapping
 
 import numpy as np
 
@@ -25,6 +25,7 @@ from torchdata.nodes import BaseNode
 from ..plan import ChunkTask, SourcePlan
 from ..readers.base import SourceError
 from ..records import IGNORE, INPUT_IDS, Chunk, Doc
+from ..state.lane import StateError
 from .counters import LaneCounters
 from .executors import Executor
 from .sentinels import FlushPolicy
@@ -32,28 +33,56 @@ from .sentinels import FlushPolicy
 new_doc = dict.__new__  # an empty Doc without Doc.__init__'s defaults (this runs once per document)
 
 
-class ChunkSource(BaseNode[ChunkTask]):
-    """Endless chunk tasks of ``lane`` in ``source``, from ``(unit_seq, cursor, skip)``."""
+POSITION_KEYS = ("unit_seq", "cursor", "skip")
 
-    def __init__(self, source: SourcePlan, lane: int, position: tuple[int, int, int] = (0, -1, 0)) -> None:
+
+def position_state(position: tuple[int, int, int], stages: int = 0) -> dict[str, Any]:
+    """The node state of a source chain (a :class:`ChunkSource` under ``stages`` :class:`StageBuffer` nodes)
+    that restarts it at ``position``: ``{"source": ... {"unit_seq", "cursor", "skip"}}``, nested as the nodes
+    are."""
+    state: dict[str, Any] = dict(zip(POSITION_KEYS, (int(v) for v in position)))
+    for _ in range(stages):
+        state = {StageBuffer.SOURCE_KEY: state}
+    return state
+
+
+def position_of(state: Any, where: str) -> tuple[int, int, int]:
+    """The position a source chain's node state (see :func:`position_state`) restarts at."""
+    while isinstance(state, Mapping) and StageBuffer.SOURCE_KEY in state:
+        state = state[StageBuffer.SOURCE_KEY]
+    if not isinstance(state, Mapping) or set(state) != set(POSITION_KEYS) or \
+            not all(isinstance(state[k], int) and not isinstance(state[k], bool) for k in POSITION_KEYS):
+        raise StateError(f"{where}: a source position is {{unit_seq, cursor, skip}} (integers), got {state!r:.80}")
+    return state["unit_seq"], state["cursor"], state["skip"]
+
+
+class ChunkSource(BaseNode[ChunkTask]):
+    """Endless chunk tasks of ``lane`` in ``source`` (or ending after the source's passes).
+
+    State: the position of the next task, ``{"unit_seq", "cursor", "skip"}`` (the lane's ``unit_seq``-th
+    unit, the reader cursor in it, the records made from there already taken); ``reset(None)`` starts at
+    the lane's first unit."""
+
+    def __init__(self, source: SourcePlan, lane: int) -> None:
         super().__init__()
         self.source, self.lane = source, lane
-        self._start = tuple(position)
         self._it: Iterator[ChunkTask] | None = None
+        self._position: tuple[int, int, int] = (0, -1, 0)
 
     def reset(self, initial_state: dict | None = None) -> None:
         super().reset(initial_state)
-        if initial_state is not None:
-            self._start = (int(initial_state["unit_seq"]), int(initial_state["cursor"]), int(initial_state["skip"]))
-        self._it = self.source.chunk_tasks(self.lane, *self._start)
+        self._position = (0, -1, 0) if initial_state is None else \
+            position_of(initial_state, f"lane {self.lane}, source {self.source.spec.name!r}")
+        self._it = self.source.chunk_tasks(self.lane, *self._position)
 
     def next(self) -> ChunkTask:
         assert self._it is not None
-        return next(self._it)
+        task = next(self._it)
+        self._position = (task.unit_seq + 1, -1, 0) if task.unit_end else (task.unit_seq, task.end, 0)
+        return task
 
     def get_state(self) -> dict[str, Any]:
-        """Where this source started; the lane, not this node, knows the position after its last document."""
-        return {"unit_seq": self._start[0], "cursor": self._start[1], "skip": self._start[2]}
+        return position_state(self._position)
 
 
 class ReadAhead:
@@ -112,7 +141,12 @@ def _finished(handle: Any) -> bool | None:
 
 
 class StageBuffer(BaseNode[Chunk]):
-    """Runs stage ``stage`` of ``source`` on ``executor`` with ``depth`` items in flight; in order."""
+    """Runs stage ``stage`` of ``source`` on ``executor`` with ``depth`` items in flight; in order.
+
+    State: ``{"source": upstream state}`` as of the last chunk it handed out (nested, as torchdata's
+    ``Batcher`` nests its source); the chunks in flight are computed again after a ``reset(state)``."""
+
+    SOURCE_KEY = "source"
 
     def __init__(self, upstream: BaseNode, executor: Executor, source: int, stage: int,
                  depth: "int | ReadAhead") -> None:
@@ -120,28 +154,43 @@ class StageBuffer(BaseNode[Chunk]):
         self.upstream, self.executor = upstream, executor
         self.source, self.stage = source, stage
         self.read_ahead = ReadAhead.of(depth)
-        self._pending: deque = deque()
+        self._pending: deque = deque()  # task handles in flight, in submission order
+        self._after: deque = deque()  # the upstream's state after each of their items
         self._exhausted = False
+        self._state: dict[str, Any] | None = None
 
     def reset(self, initial_state: dict | None = None) -> None:
         super().reset(initial_state)
         self._pending.clear()
+        self._after.clear()
         self._exhausted = False
-        self.upstream.reset(initial_state)
+        if initial_state is None:
+            self.upstream.reset(None)
+        else:
+            if not isinstance(initial_state, Mapping) or self.SOURCE_KEY not in initial_state:
+                raise StateError(f"source {self.source}, stage {self.stage}: a stage buffer's state is "
+                                 f"{{'source': <its upstream's state>}}, got {initial_state!r:.80}")
+            self.upstream.reset(initial_state[self.SOURCE_KEY])
+        self._state = self.upstream.state_dict()
 
     @property
     def depth(self) -> int:
         return self.read_ahead.depth
 
+    def _submit(self) -> bool:
+        try:
+            item = next(self.upstream)
+        except StopIteration:
+            self._exhausted = True
+            return False
+        self._pending.append(self.executor.submit(self.source, self.stage, item))
+        self._after.append(self.upstream.get_state())
+        return True
+
     def _fill(self, limit: int | None = None) -> None:
         limit = self.depth if limit is None else min(limit, self.depth)
-        while not self._exhausted and len(self._pending) < limit:
-            try:
-                item = next(self.upstream)
-            except StopIteration:
-                self._exhausted = True
-                return
-            self._pending.append(self.executor.submit(self.source, self.stage, item))
+        while not self._exhausted and len(self._pending) < limit and self._submit():
+            pass
 
     def prime(self, limit: int | None = None) -> None:
         """Submit up to ``limit`` (default ``depth``) items now, before the first ``next()`` (and the upstream
@@ -158,19 +207,14 @@ class StageBuffer(BaseNode[Chunk]):
         if isinstance(self.upstream, StageBuffer):
             self.upstream.prime_replay(n)
             return
-        while not self._exhausted and len(self._pending) < n:
-            try:
-                item = next(self.upstream)
-            except StopIteration:
-                self._exhausted = True
-                return
-            self._pending.append(self.executor.submit(self.source, self.stage, item))
+        while not self._exhausted and len(self._pending) < n and self._submit():
+            pass
 
     def next(self) -> Chunk:
         self._fill()
         if not self._pending:
             raise StopIteration
-        head = self._pending.popleft()
+        head, self._state = self._pending.popleft(), self._after.popleft()
         if self.read_ahead.adapts:
             ready = _finished(head)
             if ready is not None:
@@ -180,7 +224,7 @@ class StageBuffer(BaseNode[Chunk]):
         return result
 
     def get_state(self) -> dict[str, Any]:
-        return self.upstream.get_state()
+        return {self.SOURCE_KEY: self._state}
 
 
 class EmptySourceWatch:
@@ -207,16 +251,24 @@ class SourceStream:
     counters (documents, split pieces, tokens) are booked per chunk, vectorised, when the chunk ends or
     when someone reads them (:meth:`settle`), so they stay exact to the document."""
 
-    def __init__(self, index: int, name: str, chunks: BaseNode[Chunk], position: tuple[int, int, int],
-                 policy: FlushPolicy, watch: EmptySourceWatch, counters: LaneCounters) -> None:
-        self.index, self.name, self.chunks = index, name, chunks
-        self.position = tuple(position)
+    def __init__(self, index: int, name: str, chunks: BaseNode[Chunk], stages: int, policy: FlushPolicy,
+                 watch: EmptySourceWatch, counters: LaneCounters) -> None:
+        self.index, self.name, self.chunks, self.stages = index, name, chunks, stages
         self.policy, self.watch, self.counters = policy, watch, counters
         self._chunk: Chunk | None = None
-        self._k = 0
-        self._booked = 0  # documents of the open chunk already in the counters
+        self._k = self._booked = 0
+        self.restart((0, -1, 0))
+
+    def restart(self, position: tuple[int, int, int]) -> None:
+        """Read from ``position`` on (its chain of nodes reset there); what was counted so far stands."""
+        self.settle()
+        self.chunks.reset(position_state(position, self.stages))
+        self.position = tuple(position)
+        self._chunk = None
+        self._k = self._booked = 0  # documents of the open chunk taken, and already in the counters
         self.ended = False  # a source that stops after some passes has given its last document
         self.taken = 0  # chunks taken so far (how many a replay from a sentinel re-reads: a resume hint)
+        self.watch.run = 0
 
     def _open(self, chunk: Chunk) -> None:
         """Per-chunk Python lists: read once per document, where numpy scalar indexing would cost more
