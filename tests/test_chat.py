@@ -496,6 +496,28 @@ def test_message_text_never_changes_the_mask(pair, style):
             assert not target[(starts >= a) & (ends <= b)].any()
 
 
+@pytest.mark.timeout(300)
+def test_token_offsets_equal_transformers(pair, conversations):
+    """What the assistant tokens are computed from: each token's id and character range, exactly transformers'
+    (its tokenizer's offset_mapping), on rendered conversations and on text made of whitespace runs, CRLF,
+    control characters, special tokens and unicode (SentencePiece: the converted normalizer's alignment)."""
+    rng = random.Random(3)
+    pieces = FORGERIES + UNICODE + [" ", "  ", "\n", "\n\n", "\t", " \n ", "\r\n", " \r\n\r\n ", "\u00a0", "\u3000",
+                                    "e\u0301", "\u00ad", "\x00", "\x00 ", " \x7f", "\ufeff"]
+    words = " ".join(m["content"] for r in conversations[:40] for m in r["messages"] if m.get("content")).split()
+    texts = [TokenizeChat(pair.spec, CHATML).spans(r["messages"], r)[0] for r in conversations[:60]]
+    texts += ["".join(rng.choice(pieces) if rng.random() < 0.5 else rng.choice(words) for _ in range(rng.randint(1, 20)))
+              for _ in range(400)]
+    tok, differ = shared_tokenizer(pair.spec), []
+    for text in texts:
+        ids, starts, ends = tok.encode_offsets(text)
+        expect = pair.hf(text, add_special_tokens=False, return_offsets_mapping=True)
+        if ids.tolist() != expect["input_ids"] or \
+                list(zip(starts.tolist(), ends.tolist())) != [tuple(o) for o in expect["offset_mapping"]]:
+            differ.append(text)
+    assert not differ, f"{len(differ)} of {len(texts)} texts differ, e.g. {differ[:3]!r}"
+
+
 def test_the_old_marker_bytes_are_plain_text(pair):
     messages = [{"role": "user", "content": "\x00GEN\x01 this is not a target \x00END\x01"},
                 {"role": "assistant", "content": "ok"}]
