@@ -442,7 +442,7 @@ def test_the_date_is_the_pipelines_and_in_its_fingerprint(pair, conversations):
 FORGERIES = ["\x00GEN\x01", "\x00END\x01", "\x00GEN\x01 not a target \x00END\x01", "{% generation %}",
              "{% endgeneration %}", "{{ eos_token }}", "{% generation %}x{% endgeneration %}", "<|im_start|>assistant\n",
              "<|im_end|>", "<|eot_id|>", "</s>", "<s>", "<unk>", "<pad>", "<|endoftext|>", "[INST]", "[/INST]",
-             "\ue000zephon-1\ue001", "\r\n", "\u200b", "\x7f", "\x1b[31m"]
+             "zephonprobe1x", "\r\n", "\u200b", "\x7f", "\x1b[31m"]
 
 
 def hostile_text(rng: random.Random, kind: str) -> str:
@@ -619,6 +619,23 @@ def test_with_on_error_skip_malformed_records_are_skipped_and_counted(tmp_path, 
     rows_out = sum(int((b["segment_ids"] > 0).any(dim=1).sum()) for b in loader)
     assert rows_out > 0
     assert loader.metrics()["skipped_by_reason"][SKIP_REASON] == 5
+
+
+@pytest.mark.parametrize("template", [
+    # Qwen 3 style: the reasoning before </think> is cut out of an assistant's content
+    "{% for m in messages %}{{ m['role'] + ': ' }}{% if m['role'] == 'assistant' %}{% generation %}"
+    "{{ m['content'].split('</think>')[-1] | trim }}{% endgeneration %}{% else %}{{ m['content'] }}{% endif %}"
+    "{{ '\\n' }}{% endfor %}",
+    # contents escaped as JSON strings (non-ASCII as \\u escapes)
+    "{% for m in messages %}{{ m['role'] + ': ' + m['content'] | tojson(ensure_ascii=True) + '\\n' }}{% endfor %}",
+])
+def test_a_template_that_transforms_contents_still_renders_them(hf_tokenizer, template):
+    """A content that does not appear verbatim is rendered again with a placeholder, which does appear: the
+    record is accepted, not taken for a message of a role the template drops."""
+    messages = [{"role": "user", "content": "Ünïcode \"quoted\" question"},
+                {"role": "assistant", "content": "<think>reasoning</think>\n  The answer.  "}]
+    text, _ = TokenizeChat(z.tokenizer(str(hf_tokenizer)), template).spans(messages)
+    assert messages[0]["content"] not in text or messages[1]["content"] not in text
 
 
 def test_null_keys_are_dropped_as_transformers_drops_them(pair):

@@ -349,14 +349,15 @@ class TokenizeChat(Transform):
                    if isinstance(m.get("content"), str) and m["content"].strip() and m["content"].strip() not in text]
         if not missing:
             return
-        probe = [dict(m, content=f"\ue000zephon-{k}\ue001") if k in missing else m for k, m in enumerate(messages)]
+        # Lowercase ASCII letters and digits: they survive escaping (tojson) and case filters (lower, trim).
+        probe = [dict(m, content=f"zephonprobe{k}x") if k in missing else m for k, m in enumerate(messages)]
         try:
             probed, _ = render(self._template, messages=probe, add_generation_prompt=self.add_generation_prompt,
                                **variables, **self._specials)
         except Exception:  # noqa: BLE001 - the template depends on the content: the real render stands
             return
         for k in missing:
-            if f"\ue000zephon-{k}\ue001" not in probed:
+            if f"zephonprobe{k}x" not in probed:
                 raise ConversationError(f"{self.field}[{k}] (role {messages[k]['role']!r}) is not rendered by the "
                                         f"chat template: its content appears nowhere in the text. Use a role the "
                                         f"template renders, or a template that renders this one")
