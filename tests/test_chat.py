@@ -526,6 +526,47 @@ def test_the_old_marker_bytes_are_plain_text(pair):
     assert [text[a:b] for a, b in spans] == ["ok<|im_end|>\n"]
 
 
+SPACED = ("{% for m in messages %}{% if m['role'] == 'assistant' %}{% generation %}{{ m['content'] | trim + ' ' }}"
+          "{% endgeneration %}{% else %}{{ m['role'] + ': ' + m['content'] | trim + ' ' }}{% endif %}{% endfor %}")
+
+
+@pytest.mark.timeout(300)
+def test_with_offsets_that_skip_whitespace_a_token_after_a_block_is_not_a_target(transformers, tmp_path,
+                                                                                 hf_tokenizer, conversations):
+    """A tokenizer.json whose offsets leave whitespace out (ByteLevel trim_offsets): a block ending in a space
+    that the next turn's first token absorbs (" user") does not make that token a target, because its range
+    starts after the block (it was, when the block's last character was looked up among the tokens' ends)."""
+    from tokenizers import Tokenizer, processors
+    from transformers.tokenization_utils_tokenizers import TokenizersBackend
+
+    tok = Tokenizer.from_file(str(hf_tokenizer))
+    tok.post_processor = processors.ByteLevel(trim_offsets=True)
+    tok.save(str(tmp_path / "tokenizer.json"))
+    trimmed = Pair("huggingface", z.tokenizer(str(tmp_path / "tokenizer.json")),
+                   TokenizersBackend.from_pretrained(str(tmp_path), eos_token="<|endoftext|>"))
+    records = [r for r in conversations if "tool_calls" not in json.dumps(r["messages"])][:150]
+    chat = TokenizeChat(trimmed.spec, SPACED)
+    assert_covered(compare(trimmed, chat, SPACED, records), len(records))
+    # Not vacuous: after most blocks, the old lookup of the block's last character (a space the next token
+    # absorbed and its trimmed range leaves out) lands on a token that starts after the block.
+    old_rule_differs = 0
+    for record in records:
+        text, spans = chat.spans(record["messages"])
+        _, starts, ends = shared_tokenizer(trimmed.spec).encode_offsets(text)
+        target = chat.targets(record["messages"])[1]
+        for _, end in spans[:-1] if spans and spans[-1][1] == len(text) else spans:
+            k = int(np.searchsorted(ends, end - 1, side="right"))
+            old_rule_differs += bool(starts[k] >= end and not target[k])
+    assert old_rule_differs > 100
+
+
+def test_tools_and_documents_are_none_when_a_record_has_none(hf_tokenizer):
+    chat = TokenizeChat(z.tokenizer(str(hf_tokenizer)), "{{ tools is none }} {{ documents is none }} "
+                                                         "{{ messages[0]['content'] }}")
+    assert chat.spans([HELLO])[0] == "True True hello"
+    assert chat.spans([HELLO], {"tools": TOOLS, "documents": None})[0] == "False True hello"
+
+
 def test_the_assistant_tokens_rule_is_transformers_loop():
     """The vectorised rule against transformers' loop, on offsets that skip whitespace and empty or touching
     blocks: a token is marked when it overlaps a block, never because it merely touches one."""
