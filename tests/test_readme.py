@@ -1,11 +1,11 @@
 """The READMEs' Python snippets run as written.
 
-Every ```python block of README.md and of the plugins' READMEs runs in a fresh interpreter, from the root of
-a temporary folder holding a copy of ``recipes/`` after ``zephon demo recipes`` (on a slice of the standard
-library, for time), as a reader who follows "Two commands" would run it. A snippet that uses a name it
-never defines, or an API that has changed, fails here. A block that cannot run on a CPU machine says why in
-an HTML comment on the line before it, ``<!-- not-run: needs a Megatron-LM checkout -->``, and is only
-checked to be valid Python.
+Every ```python block of README.md, of the plugins' READMEs and of the guides (docs/guides) runs in a fresh
+interpreter, from the root of a temporary folder holding a copy of ``recipes/`` after ``zephon demo recipes``
+(on a slice of the standard library, for time), as a reader who follows "Two commands" would run it. A
+snippet that uses a name it never defines, or an API that has changed, fails here. A block that cannot run on
+a CPU machine says why in an HTML comment on the line before it, ``<!-- not-run: needs a Megatron-LM
+checkout -->``, and is only checked to be valid Python.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import pytest
 from tests.optional import require
 
 REPO = Path(__file__).resolve().parents[1]
-DOCS = ("README.md", "plugins/torchtitan/README.md", "plugins/megatron/README.md")
+DOCS = ("README.md", "plugins/torchtitan/README.md", "plugins/megatron/README.md", "docs/guides/chat.md")
 NOT_RUN = re.compile(r"^<!--\s*not-run:\s*(?P<why>\S.*?)\s*-->$")
 
 

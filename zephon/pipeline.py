@@ -303,16 +303,38 @@ class Pipeline:
                                         self._check_sources(sources, "tokenize"), executor))
 
     def tokenize_chat(self, tokenizer: TokenizerSpec, template: str | None = None, field: str = "messages", *,
-                      loss_on: str = "assistant", add_eos: bool = False, sources: Sequence[str] | None = None,
+                      loss_on: str = "assistant", add_eos: bool = False, add_generation_prompt: bool = False,
+                      date: Any = None, on_error: str = "raise", sources: Sequence[str] | None = None,
                       executor: str | None = None, name: str | None = None) -> "Pipeline":
         """Render ``field`` (a list of ``{"role", "content"}`` messages) with a chat template and tokenize
-        it, with ``loss_mask`` on the assistant turns (``loss_on``: "assistant", "last_assistant", "all").
-        ``add_eos``: append the tokenizer's EOS (a target when the last turn is); off by default, as in
-        ``transformers``' ``apply_chat_template``: the template's own end tokens separate conversations."""
-        from .ops.chat import TokenizeChat
+        it, with ``loss_mask`` on the assistant turns, as ``transformers``' ``apply_chat_template`` with
+        ``return_assistant_tokens_mask`` (docs/guides/chat.md).
+
+        Args:
+            tokenizer: ``zephon.tokenizer(path)``.
+            template: a Jinja chat template: a ``.jinja`` file or the template text.
+            field: the record field holding the messages (a record's ``tools`` and ``documents`` fields, when
+                read, are passed to the template too).
+            loss_on: "assistant" (every assistant turn), "last_assistant" or "all".
+            add_eos: append the tokenizer's EOS (a target when the last turn is); off by default, as in
+                ``apply_chat_template``: the template's own end tokens separate conversations.
+            add_generation_prompt: the template variable of that name.
+            date: the day the template's ``strftime_now`` formats, "YYYY-MM-DD" (default
+                ``zephon.ops.chat.DEFAULT_DATE``, a constant: never the clock).
+            on_error: "raise" (a record with a malformed message, or that the template refuses, is an error
+                naming the file, the row and the field) or "skip" (skipped and counted as
+                ``invalid_conversations`` in ``metrics()["skipped_by_reason"]``).
+            sources, executor, name: as for every operator.
+
+        Returns:
+            The pipeline with the step added.
+        """
+        from .ops.chat import DEFAULT_DATE, TokenizeChat
 
         return self._with(step=TokenizeChat(tokenizer, template, field, loss_on, add_eos, name,
-                                            self._check_sources(sources, "tokenize_chat"), executor))
+                                            self._check_sources(sources, "tokenize_chat"), executor,
+                                            add_generation_prompt=add_generation_prompt,
+                                            date=DEFAULT_DATE if date is None else date, on_error=on_error))
 
     def split(self, max_tokens: int, *, sources: Sequence[str] | None = None, executor: str | None = None
               ) -> "Pipeline":

@@ -270,7 +270,11 @@ def pipeline_to_toml(pipe: Pipeline) -> str:
             t = {"op": "tokenize_images", "tokenizer": _tok_table(step.spec), **step.to_table()}
         elif isinstance(step, TokenizeChat):
             t = {"op": "tokenize_chat", "tokenizer": _tok_table(step.spec), "template": step.template_text,
-                 "field": step.field, "loss_on": step.loss_on, "add_eos": step.add_eos}
+                 "field": step.field, "loss_on": step.loss_on, "add_eos": step.add_eos, "date": step.date}
+            if step.add_generation_prompt:
+                t["add_generation_prompt"] = True
+            if step.on_error != "raise":
+                t["on_error"] = step.on_error
         elif isinstance(step, Tokenize):
             t = {"op": "tokenize", "tokenizer": _tok_table(step.spec), "field": step.field}
             if step.keep_field:

@@ -188,32 +188,177 @@ class Tokenizer:
         self._encode = lambda texts: enc.encode_ordinary_batch(list(texts), num_threads=1)
         self._backend = enc
 
-    # -- one text with character offsets (chat templates: which tokens are the assistant's) ------------
+    # -- one rendered chat text, as transformers encodes it (chat templates: which tokens are the assistant's) --
     def encode_offsets(self, text: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """``(ids, starts, ends)`` of one text, without BOS/EOS: each token's character range in ``text``."""
+        """``(ids, starts, ends)`` of one rendered chat text, without BOS/EOS framing, as ``transformers``'
+        tokenizer built from the same file gives them in ``apply_chat_template``.
+
+        The special tokens written in the text (by the template or in a message) become their ids, as
+        ``transformers`` splits added tokens off before encoding: ``tokenizers`` does it itself for a
+        ``tokenizer.json``; for tiktoken the Encoding's special tokens are allowed; for SentencePiece the text is
+        cut at its control and unknown pieces (``<s>``, ``</s>``, ``<unk>``, ``<pad>``...) and each piece of text
+        is encoded alone (with its own dummy prefix, as the converted tokenizer does). ``starts``/``ends`` are each
+        token's character range in the convention of ``tokenizers``' offsets, which ``transformers`` computes
+        ``assistant_masks`` from: a byte-level token covers the characters its bytes belong to; a SentencePiece
+        token covers the characters its normalized text comes from, where the one space left of a run of
+        whitespace stands on the run's last character and the dummy prefix on the first character after it.
+
+        Args:
+            text: the rendered conversation.
+
+        Returns:
+            ``(ids int32 [n], starts int64 [n], ends int64 [n])``.
+        """
         kind, b = self.spec.kind, self._backend
         if kind == "huggingface":
             enc = b.encode(text, add_special_tokens=False)
             spans = np.asarray(enc.offsets, dtype=np.int64).reshape(-1, 2)
             return np.asarray(enc.ids, dtype=np.int32), spans[:, 0], spans[:, 1]
+        if kind == "tiktoken":
+            ids_list = b.encode(text, allowed_special="all", disallowed_special=())
+            lengths = np.fromiter(map(len, b.decode_tokens_bytes(ids_list)), dtype=np.int64, count=len(ids_list))
+            char_of_byte = _char_of_byte(text)
+            ends_b = np.cumsum(lengths)
+            return (np.asarray(ids_list, dtype=np.int32), char_of_byte[ends_b - lengths],
+                    char_of_byte[ends_b - 1] + 1 if len(ids_list) else ends_b)
+        parts, pos = [], 0
+        for m in (self._sp_specials().finditer(text) if self._sp_specials() is not None else ()):
+            if m.start() > pos:
+                parts.append(self._sp_offsets(text[pos:m.start()], pos))
+            parts.append((np.array([b.piece_to_id(m.group())], dtype=np.int32), np.array([m.start()], dtype=np.int64),
+                          np.array([m.end()], dtype=np.int64)))
+            pos = m.end()
+        if pos < len(text):
+            parts.append(self._sp_offsets(text[pos:], pos))
+        if not parts:
+            return np.zeros(0, np.int32), np.zeros(0, np.int64), np.zeros(0, np.int64)
+        return tuple(np.concatenate(x) for x in zip(*parts))  # type: ignore[return-value]
+
+    def _sp_specials(self) -> "re.Pattern[str] | None":
+        """The control and unknown pieces of a SentencePiece model as one pattern, longest first (the added
+        tokens of ``transformers``' converted tokenizer, matched leftmost-longest); built once."""
+        if not hasattr(self, "_sp_special_re"):
+            b = self._backend
+            names = {b.id_to_piece(i) for i in range(b.get_piece_size()) if b.is_control(i) or b.is_unknown(i)}
+            names.discard("")
+            self._sp_special_re = re.compile("|".join(map(re.escape, sorted(names, key=lambda n: (-len(n), n))))) \
+                if names else None
+        return self._sp_special_re
+
+    def _sp_offsets(self, chunk: str, base: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """One run of text between special tokens, through SentencePiece (ids) and its normalizer (offsets)."""
+        b = self._backend
+        try:
+            norm, origin = b.normalize(chunk, with_offsets=True)
+        except TypeError as exc:  # sentencepiece < 0.2 has no normalizer offsets
+            raise ImportError("tokenize_chat with a SentencePiece tokenizer needs sentencepiece >= 0.2 "
+                              "(SentencePieceProcessor.normalize(with_offsets=True)); upgrade it") from exc
+        pieces = b.encode(chunk, out_type="proto").pieces
+        n = len(pieces)
+        if not n or not norm:
+            return np.zeros(0, np.int32), np.zeros(0, np.int64), np.zeros(0, np.int64)
+        ids = np.fromiter((p.id for p in pieces), dtype=np.int32, count=n)
+        # Pieces tile the normalized text: a byte-fallback piece is one UTF-8 byte of it, any other its text.
+        nbytes = np.fromiter((1 if b.is_byte(p.id) else len(p.piece.encode("utf-8")) for p in pieces),
+                             dtype=np.int64, count=n)
+        char_of_byte = _char_of_byte(norm)
+        ends_b = np.cumsum(nbytes)
+        first, last = char_of_byte[ends_b - nbytes], char_of_byte[ends_b - 1]
+        # The one original character each normalized character stands on, as tokenizers' converted normalizer
+        # aligns it: where it comes from (the first character of what it replaces); the space kept of a run of
+        # whitespace on the run's last character ("\r\n" counts as one, being one grapheme), because the
+        # collapsing Replace aligns the space it writes with the last one it removes; the dummy prefix on the
+        # character after it. A token covers its characters' range.
+        origin = np.asarray(origin, dtype=np.int64)
+        start = origin[:-1].copy()
+        space = np.frombuffer(norm.encode("utf-32-le"), dtype=np.uint32) == 0x2581  # "▁"
+        lead = 1 if self._sp_dummy_prefix() and space[0] and len(norm) > 1 else 0
+        space[:lead] = False
+        jumps = np.diff(origin)[lead:][~space[lead:]]
+        if _DELETABLE.search(chunk) or (jumps > 1).any():
+            # A character the normalizer deleted (or merged into another): tokenizers' alignment next to it has
+            # quirks of its own (e.g. a deletion at the start shifts the chunk), so ask tokenizers itself.
+            exact = self._sp_exact_alignment(chunk, norm)
+            if exact is not None:
+                return (ids, np.minimum.reduceat(exact[:, 0], first) + base,
+                        np.maximum.reduceat(exact[:, 1], first) + base)
+        if space.any():
+            at = origin[1:][space] - 1  # the last character of the run (it ends where the next character starts)
+            if "\r\n" in chunk:
+                cp = np.frombuffer(chunk.encode("utf-32-le"), dtype=np.uint32)
+                at -= (at > 0) & (cp[at] == 10) & (cp[np.maximum(at - 1, 0)] == 13)
+            start[space] = at
+        if lead:
+            start[0] = start[1]
+        return ids, start[first] + base, start[last] + 1 + base
+
+    def _sp_dummy_prefix(self) -> bool:
+        """Whether the SentencePiece model puts a dummy "▁" before each text it encodes."""
+        if not hasattr(self, "_sp_dummy"):
+            self._sp_dummy = self._backend.normalize("a").startswith("\u2581")
+        return self._sp_dummy
+
+    def _sp_exact_alignment(self, chunk: str, norm: str) -> np.ndarray | None:
+        """``[len(norm), 2]``: the original character range of each normalized character, from the normalizer
+        ``transformers`` builds for this model (``SpmConverter.build_tokenizer_from_spm_proto``, legacy mode:
+        the model's precompiled character map, SentencePiece's whitespace handling, a dummy prefix on each
+        chunk), run by ``tokenizers``; None when its normalized text differs from SentencePiece's."""
+        if not hasattr(self, "_sp_aligner"):
+            from tokenizers import Regex, normalizers, pre_tokenizers
+
+            spec = _sp_normalizer_spec(Path(self.spec.path).read_bytes())
+            steps = [normalizers.Precompiled(spec["charsmap"])] if spec["charsmap"] else []
+            if spec["remove_extra_whitespaces"]:
+                steps += [normalizers.Replace(Regex(r"\A +| +\z"), ""), normalizers.Replace(Regex(" {2,}"), " ")]
+            if spec["escape_whitespaces"]:
+                steps.append(normalizers.Replace(" ", "\u2581"))
+            pre = [pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")]  # one split per character
+            if spec["add_dummy_prefix"]:
+                steps.append(normalizers.Replace(Regex("\\A\u2581"), "\u2581\u2581"))
+                pre.insert(0, pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="always", split=False))
+            self._sp_aligner = (normalizers.Sequence(steps), pre_tokenizers.Sequence(pre))
+        from tokenizers import PreTokenizedString
+
+        normalizer, pre_tokenizer = self._sp_aligner
+        text = PreTokenizedString(chunk)
+        text.normalize(normalizer.normalize)
+        pre_tokenizer.pre_tokenize(text)
+        splits = text.get_splits(offset_referential="original", offset_type="char")
+        if "".join(s for s, _, _ in splits) != norm:
+            return None
+        return np.asarray([o for _, o, _ in splits], dtype=np.int64).reshape(-1, 2)
+
+    def special_tokens(self) -> dict[str, str]:
+        """The named special tokens as text, as a chat template sees them (``bos_token``, ``eos_token``,
+        ``unk_token``, ``pad_token``): only those the tokenizer has, as ``transformers`` passes only the set ones.
+
+        BOS and EOS are the recipe's (``tokenizer.bos_token``/``eos_token``, else found by name or in the
+        SentencePiece model); UNK is SentencePiece's unknown piece or the ``tokenizer.json`` model's
+        ``unk_token``; PAD is ``tokenizer.pad_id``'s token when the recipe sets it, else SentencePiece's pad piece
+        or the ``tokenizer.json``'s padding token. A tiktoken file has no UNK and no PAD of its own.
+
+        Returns:
+            ``{"bos_token": "<s>", ...}``.
+        """
+        kind, b = self.spec.kind, self._backend
+        out = {}
+        for name, tid in (("bos_token", self.bos_id), ("eos_token", self.eos_id)):
+            if tid is not None:
+                out[name] = self.token_text(tid)
         if kind == "sentencepiece":
-            proto = b.encode(text, out_type="proto")
-            char_of_byte = np.zeros(len(text.encode("utf-8")) + 1, dtype=np.int64)
-            pos = 0
-            for i, ch in enumerate(text):
-                n = len(ch.encode("utf-8"))
-                char_of_byte[pos:pos + n] = i
-                pos += n
-            char_of_byte[pos] = len(text)
-            ids = np.fromiter((p.id for p in proto.pieces), dtype=np.int32)
-            starts = np.fromiter((char_of_byte[p.begin] for p in proto.pieces), dtype=np.int64, count=len(ids))
-            ends = np.fromiter((char_of_byte[p.end] for p in proto.pieces), dtype=np.int64, count=len(ids))
-            return ids, starts, ends
-        ids_list = b.encode_ordinary(text)
-        _, starts_list = b.decode_with_offsets(ids_list)
-        starts = np.asarray(starts_list, dtype=np.int64)
-        ends = np.append(starts[1:], len(text)) if len(starts) else starts
-        return np.asarray(ids_list, dtype=np.int32), starts, ends
+            unk, pad = b.unk_id(), b.pad_id()
+            unk = b.id_to_piece(unk) if unk >= 0 else None
+            pad = b.id_to_piece(pad) if pad >= 0 else None
+        elif kind == "huggingface":
+            unk = getattr(b.model, "unk_token", None)
+            unk = unk if unk is not None and b.token_to_id(unk) is not None else None
+            pad = (b.padding or {}).get("pad_token")
+        else:
+            unk = pad = None
+        if self.spec.pad_id is not None:
+            pad = self.token_text(self.spec.pad_id)
+        out.update({k: v for k, v in (("unk_token", unk), ("pad_token", pad)) if v})
+        return out
 
     def token_text(self, token_id: int | None) -> str:
         """The text of one token id (e.g. the EOS token's name for a chat template), '' for None."""
@@ -275,6 +420,62 @@ class Tokenizer:
         offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
         np.cumsum(lengths, out=offsets[1:])
         return flat, offsets
+
+
+# Characters a SentencePiece normalizer may delete (controls, default-ignorable format characters): next to one,
+# tokenizers' alignment departs from the plain rule (Tokenizer._sp_offsets), so such text is aligned by tokenizers.
+_DELETABLE = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\xad\u034f\u061c\u115f\u1160\u17b4\u17b5\u180b-\u180f"
+                        "\u200b-\u200f\u202a-\u202e\u2060-\u206f\u3164\ufe00-\ufe0f\ufeff\uffa0\ufff0-\ufffb"
+                        "\U0001bca0-\U0001bca3\U0001d173-\U0001d17a\U000e0000-\U000e0fff]")
+
+
+def _sp_normalizer_spec(model: bytes) -> dict:
+    """The normalizer settings of a SentencePiece model file (``ModelProto`` field 3, ``NormalizerSpec``: 2 the
+    precompiled character map, 3 add_dummy_prefix, 4 remove_extra_whitespaces, 5 escape_whitespaces), read
+    without protobuf, whose generated modules pin the protobuf runtime's version."""
+    def fields(buf: bytes):
+        i = 0
+        while i < len(buf):
+            key, i = _varint(buf, i)
+            wire = key & 7
+            if wire == 0:
+                value, i = _varint(buf, i)
+            elif wire == 2:
+                size, i = _varint(buf, i)
+                value, i = buf[i:i + size], i + size
+            elif wire in (1, 5):
+                value, i = None, i + (8 if wire == 1 else 4)
+            else:
+                raise ValueError(f"unexpected protobuf wire type {wire}")
+            yield key >> 3, value
+
+    spec = {"charsmap": b"", "add_dummy_prefix": True, "remove_extra_whitespaces": True, "escape_whitespaces": True}
+    names = {3: "add_dummy_prefix", 4: "remove_extra_whitespaces", 5: "escape_whitespaces"}
+    for number, value in fields(model):
+        if number == 3 and isinstance(value, bytes):
+            for inner, v in fields(value):
+                if inner == 2:
+                    spec["charsmap"] = bytes(v)
+                elif inner in names:
+                    spec[names[inner]] = bool(v)
+    return spec
+
+
+def _varint(buf: bytes, i: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        byte = buf[i]
+        i += 1
+        value |= (byte & 0x7F) << shift
+        shift += 7
+        if byte < 0x80:
+            return value, i
+
+
+def _char_of_byte(text: str) -> np.ndarray:
+    """For each UTF-8 byte of ``text``, the index of the character it belongs to."""
+    raw = np.frombuffer(text.encode("utf-8"), dtype=np.uint8)
+    return np.cumsum((raw & 0xC0) != 0x80) - 1
 
 
 def _named(sp, name: str | None, default: int, key: str) -> int | None:
