@@ -32,7 +32,7 @@ from .counters import LaneCounters
 from .executors import ThreadExecutor, check_picklable
 from .hosts import ProcessLanes
 from .lane import Lane, LaneProgram
-from .ray_executor import ClusterLink, RayOptions, connect, release, remote_class, require_ray, reserve
+from .ray_executor import ClusterLink, RayOptions, connect, remote_class, require_ray, reserve, stop_actors
 
 
 class LaneActor:
@@ -171,13 +171,10 @@ class RayLanes(ProcessLanes):
         """Kill the actors and give their CPUs back (nothing to do on a lost cluster)."""
         if not self._procs:
             return
+        # copies (atomic under the GIL): a next() on another thread may be taking from a queue right now
+        calls = [ref for queue in list(self._pending) for ref in list(queue)] + [r for r in self._pids if r is not None]
         actors, self._procs, self._pending, self._pids = self._procs, [], [], []
-        if not self.link.lost:
-            ray = require_ray()
-            for actor in actors:
-                try:
-                    ray.kill(actor, no_restart=True)
-                except Exception:  # noqa: BLE001 - dead already, or the cluster is gone
-                    pass
-            release(self.link, self._pg)
+        # cancelled before the kill, as the stage workers' calls are: a lane actor's calls have no retries, so
+        # Ray has nothing to report about them today, and cancelled they stay so whatever the retries
+        stop_actors(self.link, actors, calls, self._pg)
         self._pg = None
