@@ -19,6 +19,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -617,3 +618,34 @@ def test_closing_a_ray_loader_prints_nothing(tmp_path, corpus, sp_model):
         assert int(n) > 0, f"{kind} {runner}: no call was in flight at the close"
         assert kind == "after steps" or mid == "True", f"{runner}: the close did not come in the middle of a step"
         assert float(seconds) < 20, f"{kind} {runner}: close() took {seconds} s"
+
+
+@pytest.mark.parametrize("runner", ["ray", "ray-lanes"])
+def test_a_close_from_another_thread_ends_a_waiting_next(cluster, corpus, sp_model, runner):
+    """close() on one thread while next() on another waits on the actors: that next() fails saying that the
+    loader was closed (not that a worker died, nor with an attempt to rebuild a lane actor), and the actors
+    are gone."""
+    loader = build_loader(text_pipeline(corpus, sp_model, maps=(slow_identity,)), num_workers=1, runner=runner)
+    next(loader)
+    pids = (loader._executors["ray"] if runner == "ray" else loader._host).worker_pids()
+    failed: list[BaseException] = []
+
+    def trainer() -> None:
+        try:
+            while True:
+                next(loader)
+        except Exception as exc:  # noqa: BLE001 - what the trainer would see
+            failed.append(exc)
+
+    thread = threading.Thread(target=trainer)
+    thread.start()
+    time.sleep(0.5)  # the next() waits on calls of tens of ms
+    loader.close()
+    thread.join(timeout=60)
+    assert not thread.is_alive() and len(failed) == 1
+    assert isinstance(failed[0], RuntimeError), repr(failed[0])
+    assert re.match(r"the Ray (executor|lane actors) (is|was|were) closed", str(failed[0])), str(failed[0])
+    deadline = time.monotonic() + 30
+    while any(alive(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(alive(pid) for pid in pids)

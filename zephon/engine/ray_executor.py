@@ -469,6 +469,8 @@ class RayExecutor:
         try:
             value = self.link.wait(handle.ref, f"a Ray task (source {handle.key[0]}, stage {handle.key[1]})",
                                    self.opts.task_timeout_s)
+        except ray.exceptions.TaskCancelledError:  # only close() cancels: it ran on another thread meanwhile
+            raise RuntimeError("the Ray executor was closed while a task of it was awaited") from None
         except (ray.exceptions.RayActorError, ray.exceptions.NodeDiedError, ray.exceptions.ObjectLostError) as exc:
             if isinstance(exc, ray.exceptions.RayActorError) and exc.actor_init_failed:
                 raise  # the program could not be set up on the cluster: its own error says why

@@ -35,6 +35,9 @@ from .lane import Lane, LaneProgram
 from .ray_executor import ClusterLink, RayOptions, connect, remote_class, require_ray, reserve, stop_actors
 
 
+CLOSED_WHILE_AWAITED = "the Ray lane actors were closed while a step of theirs was awaited"
+
+
 class LaneActor:
     """The actor: lanes ``lanes`` of ``pipeline`` from ``states``, one step of all of them per :meth:`step`."""
 
@@ -145,7 +148,11 @@ class RayLanes(ProcessLanes):
             try:
                 return self.link.wait(ref, f"a step of Ray lane actor {k} (lanes {self._mine(k)})",
                                       self.opts.task_timeout_s, given_up=self._interrupted.is_set)
+            except ray.exceptions.TaskCancelledError:  # only close() cancels: it ran on another thread meanwhile
+                raise RuntimeError(CLOSED_WHILE_AWAITED) from None
             except ray.exceptions.RayActorError as exc:
+                if not self._procs:  # killed by close() on another thread meanwhile: no death to rebuild from
+                    raise RuntimeError(CLOSED_WHILE_AWAITED) from None
                 if exc.actor_init_failed:  # the lanes failed to build there: a new actor would fail the same way
                     self.close()
                     raise
