@@ -13,11 +13,13 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -506,3 +508,144 @@ def test_no_cluster_at_the_address_is_a_clear_error(tmp_path):
     out, _ = run_driver(tmp_path, "ray", "no-cluster", f"127.0.0.1:{free_port()}", timeout=60)
     assert out["error"] == "ConnectionError" and "no Ray cluster answers" in out["message"], out
     assert out["s"] < 10, out
+
+
+# -- closing is quiet ----------------------------------------------------------------------------------
+# What Ray printed on a driver's console, once per call in flight, when a loader killed its actors on close():
+#   (raylet) Task StageWorker.run failed. There are 3 retries remaining, so the task will be retried. Error:
+#   The actor is dead because it was killed by `ray.kill`.
+# (or "Error: The actor is temporarily unavailable: RpcError: ... Connection reset by peer", or "...:
+# UnexpectedSystemExit: ..."), and what it prints for a failed result nobody took ("Unhandled error ...").
+CLOSE_NOISE = re.compile(r"Task (StageWorker|LaneActor)\.\w+ failed|retries remaining, so the task will be retried"
+                         r"|killed by `ray\.kill`|The actor is (dead|temporarily unavailable)|Unhandled error"
+                         r"|Traceback")
+# Ray's message for the canary's retry, pushed to the driver the same way as the messages above
+CANARY = re.compile(r"Task \S*canary failed\. There are \d+ retries remaining, so the task will be retried")
+
+QUIET_OPS = textwrap.dedent("""
+    import time
+
+    def slow_identity(record):
+        time.sleep(0.01)  # calls of tens of ms: a close finds some queued and running (the test checks it does)
+        return record
+""")
+
+QUIET_DRIVER = textwrap.dedent("""
+    import os, sys, time
+    import ray, zephon
+    from zephon.engine.ray_local import LocalRayCluster
+    from quiet_ops import slow_identity
+
+    corpus, sp_model, here = sys.argv[1], sys.argv[2], sys.argv[3]
+    pipe = (zephon.Pipeline(seed=3, lanes=8)
+            .source("web", zephon.read.parquet(corpus + "/web", chunk_rows=4), weight=0.6)
+            .source("code", zephon.read.jsonl(corpus + "/code/*.jsonl", chunk_bytes=1024), weight=0.4)
+            .map(slow_identity).tokenize(zephon.tokenizer(sp_model)).pack(seq_len=64).batch(rows_per_lane=2))
+
+    def unfinished(loader):
+        # the calls of the loader's actors that have not finished: what a kill would fail
+        host = getattr(loader._host, "inner", loader._host)
+        if "ray" in loader._executors:
+            refs = [h.ref for h in loader._executors["ray"]._flying if h.ref is not None]
+        else:
+            refs = [ref for queue in host._pending for ref in queue]
+        return len(ray.wait(refs, num_returns=len(refs), timeout=0, fetch_local=False)[1]) if refs else 0
+
+    head = LocalRayCluster(num_cpus=2, env={"PYTHONPATH": os.environ["PYTHONPATH"]}).start()
+    for runner in ("ray", "ray-lanes"):
+        # a few batches, then close: the calls computed ahead are in flight
+        loader = pipe.build(num_workers=1, runner=runner, address=head.address)
+        for _ in range(3):
+            next(loader)
+        n = unfinished(loader)
+        t0 = time.monotonic()
+        loader.close()
+        print(f"MARK closed after steps: {runner} {n} in flight, {time.monotonic() - t0:.2f} s", flush=True)
+        # a close while the steps-ahead thread is in the middle of a step
+        loader = pipe.build(num_workers=1, runner=runner, address=head.address, steps_ahead=2)
+        next(loader)
+        deadline = time.monotonic() + 30
+        while not loader._host._lock.locked() and time.monotonic() < deadline:  # held while a step is computed
+            time.sleep(0.001)
+        mid, n = loader._host._lock.locked(), unfinished(loader)
+        t0 = time.monotonic()
+        loader.close()
+        print(f"MARK closed mid-step: {runner} {mid} {n} in flight, {time.monotonic() - t0:.2f} s", flush=True)
+
+    # A canary: a task whose first attempt ends its worker is retried, and Ray pushes "Task ...canary failed.
+    # There are N retries remaining" to this driver as it pushed the kills' messages. Pushed after them and
+    # printed by the same thread: once it is printed, so would they have been.
+    @ray.remote(max_retries=1)
+    def canary(flag):
+        if not os.path.exists(flag):
+            open(flag, "w").close()
+            os._exit(1)
+        return "ok"
+
+    assert ray.get(canary.remote(os.path.join(here, "canary.flag")), timeout=120) == "ok"
+    time.sleep(3)  # the printing thread polls
+    print("MARK canary returned", flush=True)
+    head.stop()
+    print("MARK done", flush=True)
+""")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_closing_a_ray_loader_prints_nothing(tmp_path, corpus, sp_model):
+    """A user's script (a fresh interpreter) closes Ray loaders of both kinds with their actors' calls in
+    flight, after a few batches and while the steps-ahead thread is in the middle of a step: Ray prints nothing
+    about those calls (they are cancelled before the kill, so none is retried, and a cancelled or killed call
+    is never an unhandled error), and every close is quick. The canary proves that what Ray pushes to the
+    driver had reached the output."""
+    (tmp_path / "quiet_ops.py").write_text(QUIET_OPS)
+    script = tmp_path / "quiet.py"
+    script.write_text(QUIET_DRIVER)
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(tmp_path), str(REPO), env.get("PYTHONPATH")]))
+    proc = subprocess.run([sys.executable, str(script), str(corpus), str(sp_model), str(tmp_path)],
+                          capture_output=True, text=True, timeout=200, env=env, cwd=tmp_path)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0 and "MARK done" in proc.stdout, out[-4000:]
+    assert CANARY.search(out), out[-4000:]
+    noise = [line for line in out.splitlines() if CLOSE_NOISE.search(line) and not CANARY.search(line)]
+    assert not noise, "\n".join(noise[:20])
+    closes = re.findall(r"MARK closed (after steps|mid-step): (\S+) (?:(True|False) )?(\d+) in flight, ([\d.]+) s",
+                        proc.stdout)
+    assert [(kind, runner) for kind, runner, *_ in closes] == [
+        ("after steps", "ray"), ("mid-step", "ray"), ("after steps", "ray-lanes"), ("mid-step", "ray-lanes")]
+    for kind, runner, mid, n, seconds in closes:
+        assert int(n) > 0, f"{kind} {runner}: no call was in flight at the close"
+        assert kind == "after steps" or mid == "True", f"{runner}: the close did not come in the middle of a step"
+        assert float(seconds) < 20, f"{kind} {runner}: close() took {seconds} s"
+
+
+@pytest.mark.parametrize("runner", ["ray", "ray-lanes"])
+def test_a_close_from_another_thread_ends_a_waiting_next(cluster, corpus, sp_model, runner):
+    """close() on one thread while next() on another waits on the actors: that next() fails saying that the
+    loader was closed (not that a worker died, nor with an attempt to rebuild a lane actor), and the actors
+    are gone."""
+    loader = build_loader(text_pipeline(corpus, sp_model, maps=(slow_identity,)), num_workers=1, runner=runner)
+    next(loader)
+    pids = (loader._executors["ray"] if runner == "ray" else loader._host).worker_pids()
+    failed: list[BaseException] = []
+
+    def trainer() -> None:
+        try:
+            while True:
+                next(loader)
+        except Exception as exc:  # noqa: BLE001 - what the trainer would see
+            failed.append(exc)
+
+    thread = threading.Thread(target=trainer)
+    thread.start()
+    time.sleep(0.5)  # the next() waits on calls of tens of ms
+    loader.close()
+    thread.join(timeout=60)
+    assert not thread.is_alive() and len(failed) == 1
+    assert isinstance(failed[0], RuntimeError), repr(failed[0])
+    assert re.match(r"the Ray (executor|lane actors) (is|was|were) closed", str(failed[0])), str(failed[0])
+    deadline = time.monotonic() + 30
+    while any(alive(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(alive(pid) for pid in pids)

@@ -29,6 +29,8 @@ placement and retries change speed only.
   Every wait is bounded: results are waited for in slices, and between slices the head's GCS port is
   probed; a head that does not answer for ``lost_after_s`` is :class:`RayClusterLost` (the connection is
   closed first, so that the trainer can exit: Ray would otherwise keep retrying and then end the process).
+- **Closing** cancels the calls in flight before it kills the workers (:func:`stop_actors`): Ray then neither
+  retries them nor prints a line per call on the trainer's console.
 """
 
 from __future__ import annotations
@@ -297,6 +299,37 @@ def release(link: ClusterLink, pg: Any) -> None:
         pass
 
 
+def stop_actors(link: ClusterLink, actors: list, calls: list, pg: Any) -> None:
+    """Kill ``actors`` and give their reservation ``pg`` back, without Ray reporting ``calls`` (the refs of
+    their calls still in flight; the list is emptied) as failures on this driver's console.
+
+    A call that the kill fails while it still has retries left (a stage worker's ``max_task_retries``) is
+    retried, and Ray pushes "Task StageWorker.run failed. There are 3 retries remaining, so the task will be
+    retried. Error: The actor is dead because it was killed by `ray.kill`" to the driver, which prints it
+    (TaskManager::RetryTaskIfPossible; worker.py's listen_error_messages prints it as ``(raylet)``). A
+    cancelled call is never retried: ray.cancel sets its retries to 0 in this process before it returns
+    (ActorTaskSubmitter::CancelTask -> TaskManager::MarkTaskCanceled); a call not yet started is dropped, a
+    running one is left to the kill. The refs go before the kill, so that no result that comes in after it
+    is kept: a cancelled call's or a dead actor's error (TASK_CANCELLED, ACTOR_DIED) is never reported
+    as unhandled anyway. Nothing here waits on the cluster beyond what ``ray.kill`` does."""
+    ray = require_ray()
+    if not link.lost:
+        for ref in calls:
+            try:
+                ray.cancel(ref, recursive=False)  # the calls start no tasks of their own
+            except Exception:  # noqa: BLE001 - finished already, or the cluster is gone
+                pass
+    calls.clear()
+    if link.lost:  # nothing to kill or give back: the cluster is gone
+        return
+    for actor in actors:
+        try:
+            ray.kill(actor, no_restart=True)
+        except Exception:  # noqa: BLE001 - dead already, or the cluster is gone
+            pass
+    release(link, pg)
+
+
 # -- the workers: actors that hold the program ---------------------------------------------------------
 class StageWorker:
     """A Ray actor that holds a :class:`StageProgram` (sent once, when the actor starts: readers and
@@ -436,6 +469,8 @@ class RayExecutor:
         try:
             value = self.link.wait(handle.ref, f"a Ray task (source {handle.key[0]}, stage {handle.key[1]})",
                                    self.opts.task_timeout_s)
+        except ray.exceptions.TaskCancelledError:  # only close() cancels: it ran on another thread meanwhile
+            raise RuntimeError("the Ray executor was closed while a task of it was awaited") from None
         except (ray.exceptions.RayActorError, ray.exceptions.NodeDiedError, ray.exceptions.ObjectLostError) as exc:
             if isinstance(exc, ray.exceptions.RayActorError) and exc.actor_init_failed:
                 raise  # the program could not be set up on the cluster: its own error says why
@@ -461,14 +496,8 @@ class RayExecutor:
             flying, self._flying = list(self._flying), set()
             self._held.clear()
             workers, self._workers = self._workers, None
+        calls = [handle.ref for handle in flying if handle.ref is not None]
         for handle in flying:  # a closed loader's buffers still hold handles: drop their references, or
             handle.ref = None  # Ray would try to rebuild the results it still sees referenced
-        if not self.link.lost:
-            ray = require_ray()
-            for worker in workers:
-                try:
-                    ray.kill(worker, no_restart=True)
-                except Exception:  # noqa: BLE001 - dead already, or the cluster is gone
-                    pass
-            release(self.link, self._pg)
+        stop_actors(self.link, workers, calls, self._pg)  # cancelled first: the kill then fails them quietly
         self._pg, self._program_ref = None, None

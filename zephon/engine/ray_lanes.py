@@ -32,7 +32,10 @@ from .counters import LaneCounters
 from .executors import ThreadExecutor, check_picklable
 from .hosts import ProcessLanes
 from .lane import Lane, LaneProgram
-from .ray_executor import ClusterLink, RayOptions, connect, release, remote_class, require_ray, reserve
+from .ray_executor import ClusterLink, RayOptions, connect, remote_class, require_ray, reserve, stop_actors
+
+
+CLOSED_WHILE_AWAITED = "the Ray lane actors were closed while a step of theirs was awaited"
 
 
 class LaneActor:
@@ -144,7 +147,11 @@ class RayLanes(ProcessLanes):
             try:
                 return self.link.wait(ref, f"a step of Ray lane actor {k} (lanes {self._mine(k)})",
                                       self.opts.task_timeout_s, given_up=self._interrupted.is_set)
+            except ray.exceptions.TaskCancelledError:  # only close() cancels: it ran on another thread meanwhile
+                raise RuntimeError(CLOSED_WHILE_AWAITED) from None
             except ray.exceptions.RayActorError as exc:
+                if not self._procs:  # killed by close() on another thread meanwhile: no death to rebuild from
+                    raise RuntimeError(CLOSED_WHILE_AWAITED) from None
                 if exc.actor_init_failed:  # the lanes failed to build there: a new actor would fail the same way
                     self.close()
                     raise
@@ -170,13 +177,10 @@ class RayLanes(ProcessLanes):
         """Kill the actors and give their CPUs back (nothing to do on a lost cluster)."""
         if not self._procs:
             return
+        # copies (atomic under the GIL): a next() on another thread may be taking from a queue right now
+        calls = [ref for queue in list(self._pending) for ref in list(queue)] + [r for r in self._pids if r is not None]
         actors, self._procs, self._pending, self._pids = self._procs, [], [], []
-        if not self.link.lost:
-            ray = require_ray()
-            for actor in actors:
-                try:
-                    ray.kill(actor, no_restart=True)
-                except Exception:  # noqa: BLE001 - dead already, or the cluster is gone
-                    pass
-            release(self.link, self._pg)
+        # cancelled before the kill, as the stage workers' calls are: a lane actor's calls have no retries, so
+        # Ray has nothing to report about them today, and cancelled they stay so whatever the retries
+        stop_actors(self.link, actors, calls, self._pg)
         self._pg = None
