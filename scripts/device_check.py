@@ -119,7 +119,7 @@ PROFILES: dict[str, dict[str, Any]] = {
         "text_corpus": ["--packages", "numpy,pyarrow,tokenizers", "--max-docs", "30000", "--files", "16",
                         "--row-group", "250", "--tokenizer-sample-mb", "4", "--vocab-size", "16384"],
         "vl_corpus": ["--samples", "2000", "--per-shard", "250"],
-        "windows": {"text": (24, 16, 2), "vl_fetch": (4, 8, 2), "vl_pipeline": (4, 6, 1)},  # warm-up, steps, repeats
+        "windows": {"text": (24, 16, 2), "vl_fetch": (4, 8, 2), "vl_pipeline": (16, 8, 1)},  # warm-up, steps, repeats
         "run_cap": 60, "share": {"text": 0.4, "vl_fetch": 0.25, "vl_pipeline": 0.35},
     },
     "cpu": {
