@@ -226,7 +226,8 @@ def part_environment(mode: str) -> dict[str, Any]:
     if torch.cuda.is_available():
         props = torch.cuda.get_device_properties(0)
         facts.update(gpu=torch.cuda.get_device_name(0), gpu_count=torch.cuda.device_count(),
-                     gpu_memory_gb=round(props.total_memory / 2**30, 1), gpu_capability=list(torch.cuda.get_device_capability(0)),
+                     gpu_memory_gb=round(props.total_memory / 2**30, 1),
+                     gpu_capability=list(torch.cuda.get_device_capability(0)),
                      cudnn=torch.backends.cudnn.version(), nccl=".".join(map(str, torch.cuda.nccl.version())))
     try:
         q = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"],
@@ -248,7 +249,8 @@ def part_environment(mode: str) -> dict[str, Any]:
     facts["packages"] = versions
     facts["zephon_from"] = str(Path(zephon.__file__).parent)
     facts["wheels_carried"] = sorted(p.name for p in WHEEL_DIR.glob("*.whl"))
-    facts["megatron_lm_carried"] = (MEGATRON_DIR / "TAG").read_text().strip() if (MEGATRON_DIR / "TAG").exists() else None
+    tag = MEGATRON_DIR / "TAG"
+    facts["megatron_lm_carried"] = tag.read_text().strip() if tag.exists() else None
     facts["git"] = git_commit()
     status = OK
     reason = None
@@ -469,16 +471,17 @@ def part_megatron_core(task: dict[str, Any]) -> dict[str, Any]:
     phases = [{"name": "dp2", "tp": 1, "mbs": 4, "start": 0, "stop": 4, "save_at": [2]},
               {"name": "tp2_dp1_resumed", "tp": 2, "mbs": 8, "start": 2, "stop": 4}]
     res_file = work / "worker.pt"
-    rc, log_tail = run_logged(torchrun(2) + [str(REPO / "tests" / "megatron_worker.py"), "--recipe", str(MEGATRON_RECIPE),
-                                             "--ckpt", str(work / "ckpt"), "--out", str(res_file),
-                                             "--phases", json.dumps(phases)],
+    worker = [str(REPO / "tests" / "megatron_worker.py"), "--recipe", str(MEGATRON_RECIPE),
+              "--ckpt", str(work / "ckpt"), "--out", str(res_file), "--phases", json.dumps(phases)]
+    rc, log_tail = run_logged(torchrun(2) + worker,
                               work / "worker.log", task["deadline"] - time.time() - 15,
                               {**plugin_env(), "CUDA_VISIBLE_DEVICES": ""})
     resume: dict[str, Any] = {"rc": rc, "backend": "gloo (CPU)", "phases": [p["name"] for p in phases]}
     if rc == 0:
         res = torch.load(res_file, weights_only=False)
         a, b = res["phases"]
-        same = [all(torch.equal(a["global"][i + 2][k], b["global"][i][k]) for k in a["global"][i + 2]) for i in range(2)]
+        same = [all(torch.equal(a["global"][i + 2][k], b["global"][i][k]) for k in a["global"][i + 2])
+                for i in range(2)]
         resume.update(iterations_3_4_equal=same, dp_sizes=[a["ranks"][0]["dp_size"], b["ranks"][0]["dp_size"]],
                       data_state_files=len([f for f in res["files"] if f.endswith(".json")]))
         resume_ok = all(same)
@@ -586,7 +589,8 @@ def gpt_steps(iterations: list[list[dict]], recipe: Any) -> dict[str, Any]:
                 "losses": losses, "seconds": round(time.perf_counter() - t0, 2), "vocab": vocab}
     except Exception as e:  # noqa: BLE001 - recorded, with its type, as this sub-check's failure
         import traceback
-        return {"status": FAILED, "reason": f"{type(e).__name__}: {e}"[:500], "traceback": traceback.format_exc()[-2000:]}
+        return {"status": FAILED, "reason": f"{type(e).__name__}: {e}"[:500],
+                "traceback": traceback.format_exc()[-2000:]}
 
 
 # -- Megatron-LM's pretrain_gpt ----------------------------------------------------------------------------------
@@ -626,13 +630,15 @@ def part_megatron_lm(task: dict[str, Any]) -> dict[str, Any]:
 
     def losses(log: Path) -> dict[int, float]:
         it = re.compile(r"iteration\s+(\d+)/\s*\d+.*?lm loss:\s*([-\d.eE+]+)")
-        return {int(m.group(1)): float(m.group(2)) for m in map(it.search, log.read_text(errors="replace").splitlines()) if m}
+        lines = log.read_text(errors="replace").splitlines()
+        return {int(m.group(1)): float(m.group(2)) for m in map(it.search, lines) if m}
 
     la, lb = losses(work / "train.log"), losses(work / "resume.log")
     resumed = "train: resumed at step 2" in (work / "resume.log").read_text(errors="replace")
     same = sorted(lb) == [3, 4] and all(abs(lb[i] - la.get(i, float("nan"))) <= 1e-3 * max(1.0, abs(lb[i])) for i in lb)
     ok = resumed and same
-    return part(OK if ok else FAILED, None if ok else "the resume did not report Zephon's data state or its losses differ",
+    why = None if ok else "the resume did not report Zephon's data state or its losses differ"
+    return part(OK if ok else FAILED, why,
                 megatron_lm_tag=tag, runs=runs, losses={"train": la, "resume": lb}, zephon_resumed=resumed)
 
 
@@ -654,7 +660,8 @@ def build_data(task: dict[str, Any]) -> dict[str, Any]:
     if out["vl"]["rc"] == 0:
         try:
             import vl_common
-            vl_common.write_native(work / "vl", force=True, formats=("arrayrecord",))  # Grain's only: no LitData/MDS here
+            # Grain's format only: LitData and Mosaic Streaming are not on the GPU machine
+            vl_common.write_native(work / "vl", force=True, formats=("arrayrecord",))
         except Exception as e:  # noqa: BLE001
             out["vl"]["rc"], out["vl"]["error"] = 1, f"native formats: {type(e).__name__}: {e}"
     for k, log in (("text", "make_corpus.log"), ("vl", "make_vl_corpus.log")):
@@ -900,7 +907,8 @@ def prepare(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--prepare", action="store_true", help="here: download the wheels, check the size, print the run call")
+    ap.add_argument("--prepare", action="store_true",
+                    help="here: download the wheels, check the size, print the run call")
     ap.add_argument("--megatron-lm-src", default="", metavar="DIR",
                     help=f"with --prepare: a Megatron-LM git clone to extract {MEGATRON_TAG}'s files from")
     ap.add_argument("--cpu", action="store_true", help="the same parts on CPU, shrunk to seconds")

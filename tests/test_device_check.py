@@ -28,8 +28,8 @@ def report(tmp_path_factory) -> dict:
     out = tmp_path_factory.mktemp("device_check") / "device_check.json"
     env = {**os.environ, "PYTHON": sys.executable}
     env.pop("OUT", None)
-    p = subprocess.run(["bash", str(ROOT / "scripts" / "device_check.sh"), "--cpu", "--out", str(out)], cwd=ROOT, env=env,
-                       capture_output=True, text=True, timeout=900)
+    p = subprocess.run(["bash", str(ROOT / "scripts" / "device_check.sh"), "--cpu", "--out", str(out)], cwd=ROOT,
+                       env=env, capture_output=True, text=True, timeout=900)
     assert out.exists(), f"no JSON written (exit {p.returncode})\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}"
     r = json.loads(out.read_text())
     r["_exit"], r["_output"] = p.returncode, p.stdout[-3000:] + p.stderr[-3000:]
