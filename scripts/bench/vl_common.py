@@ -95,14 +95,22 @@ def _litdata_items(path: str) -> Iterator[dict]:
             yield {"image": img, "caption": cap}
 
 
-def write_native(data: Path, force: bool = False, log=print) -> Path:
+NATIVE_FORMATS = ("arrayrecord", "mds", "litdata")
+
+
+def write_native(data: Path, force: bool = False, log=print, formats: tuple[str, ...] = NATIVE_FORMATS) -> Path:
     """Each peer's native format from the corpus's samples, into ``DIR/native/`` (kept while the corpus's
-    manifest is unchanged), and the two tokenizers. Returns ``DIR/native``."""
+    manifest is unchanged), and the two tokenizers. Returns ``DIR/native``. ``formats``: only these (and
+    the tokenizers), for a machine that has only some peers installed (scripts/device_check.py: Grain's
+    ArrayRecord); such a partial folder is not stamped, so a later call for every format rewrites it."""
     out = data / "native"
     key = corpus_key(data)
     stamp = out / "corpus.key"
     if not force and stamp.exists() and stamp.read_text().strip() == key:
         return out
+    unknown = set(formats) - set(NATIVE_FORMATS)
+    if unknown:
+        raise ValueError(f"write_native: unknown formats {sorted(unknown)}; known: {NATIVE_FORMATS}")
     import shutil
 
     if out.exists():
@@ -121,24 +129,25 @@ def write_native(data: Path, force: bool = False, log=print) -> Path:
             captions.append(cap)
         w.close()
     log(f"  arrayrecord: {time.perf_counter() - t0:.0f}s")
-    # Mosaic Streaming MDS (uncompressed: the JPEGs are compressed already)
-    mosaic_stub()
-    from streaming import MDSWriter
+    if "mds" in formats:  # Mosaic Streaming MDS (uncompressed: the JPEGs are compressed already)
+        mosaic_stub()
+        from streaming import MDSWriter
 
-    with MDSWriter(out=str(out / "mds"), columns={"image": "bytes", "caption": "str"}, size_limit="64mb") as w:
-        for f in parquet_files(data):
-            for s in _litdata_items(f):
-                w.write(s)
-    log(f"  mds: {time.perf_counter() - t0:.0f}s")
-    # LitData optimize (uncompressed chunks of 64 MB; 'bytes' leaves hold the encoded images)
-    import litdata
+        with MDSWriter(out=str(out / "mds"), columns={"image": "bytes", "caption": "str"}, size_limit="64mb") as w:
+            for f in parquet_files(data):
+                for s in _litdata_items(f):
+                    w.write(s)
+        log(f"  mds: {time.perf_counter() - t0:.0f}s")
+    if "litdata" in formats:  # LitData optimize (uncompressed chunks of 64 MB; 'bytes' leaves hold the encoded images)
+        import litdata
 
-    litdata.optimize(fn=_litdata_items, inputs=parquet_files(data), output_dir=str(out / "litdata"),
-                     chunk_bytes="64MB", num_workers=1, keep_data_ordered=True, verbose=False)
-    log(f"  litdata: {time.perf_counter() - t0:.0f}s")
+        litdata.optimize(fn=_litdata_items, inputs=parquet_files(data), output_dir=str(out / "litdata"),
+                         chunk_bytes="64MB", num_workers=1, keep_data_ordered=True, verbose=False)
+        log(f"  litdata: {time.perf_counter() - t0:.0f}s")
     train_tokenizers(captions, out)
     log(f"  tokenizers: {time.perf_counter() - t0:.0f}s")
-    stamp.write_text(key + "\n")
+    if set(formats) == set(NATIVE_FORMATS):
+        stamp.write_text(key + "\n")
     return out
 
 
