@@ -34,6 +34,7 @@ from zephon.ops.tokenize import shared_tokenizer
 from zephon.readers.base import SourceError
 from zephon.verify import global_hashes
 
+from .conftest import tiktoken_options
 from .optional import require
 
 TAGGED = ("{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' }}"
@@ -176,8 +177,10 @@ def pair(request, transformers, tmp_path_factory, hf_tokenizer, sp_model, tiktok
         hf = TokenizersBackend.from_pretrained(str(folder), pad_token="<pad>")  # the model's own pad piece
     else:  # converted by transformers from the .tiktoken file, its special tokens after the ranks as Zephon's
         shutil.copy(tiktoken_file, folder / "tokenizer.model")
-        eos = shared_tokenizer(z.tokenizer(str(tiktoken_file))).eos_id
-        spec = z.tokenizer(str(tiktoken_file), bos_token="<|begin_of_text|>", pad_id=eos)
+        options = tiktoken_options(tiktoken_file)
+        eos = options["special_tokens"]["<|endoftext|>"]
+        spec = z.tokenizer(str(tiktoken_file), bos_token="<|begin_of_text|>", pad_id=eos, pat_str=options["pat_str"],
+                           special_tokens={**options["special_tokens"], "<|begin_of_text|>": eos + 1})
         hf = TokenizersBackend.from_pretrained(str(folder), extra_special_tokens=["<|endoftext|>", "<|begin_of_text|>"],
                                                bos_token="<|begin_of_text|>", eos_token="<|endoftext|>",
                                                pad_token="<|endoftext|>")
