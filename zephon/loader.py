@@ -24,7 +24,7 @@ from .engine.lane import lane_depth
 from .engine.tokenizer_pool import uses_hf_tokenizer
 from .pipeline import Pipeline
 from .recipe import Recipe, load_recipe
-from .state.checkpoint import STATE_FORMAT, STATE_VERSION, check_compatible, check_container, seal
+from .state.checkpoint import STATE_FORMAT, STATE_VERSION, check_compatible, check_container, seal, unwrap_state
 from .state.lane import LaneState, StateError
 
 RUNNERS = ("thread", "pool", "process", "ray", "ray-lanes")
@@ -361,11 +361,19 @@ class ZephonLoader:
         return self._host.apply_event(at_step)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Resume from a (merged) state: any world size that divides the lane count works."""
+        """Resume from a (merged) state: any world size that divides the lane count works.
+
+        Args:
+            state: what ``state_dict()``, :func:`zephon.merge_states` or :func:`zephon.load_state` returned (also
+                as torchdata's ``Loader`` wraps ``loader.node``'s state).
+
+        Raises:
+            StateError: the state is malformed, edited, or from another pipeline (naming what differs).
+        """
         if state is None:
             raise StateError("load_state_dict(None): there is no state to load. Pass the dict that state_dict(), "
                              "zephon.merge_states() or zephon.load_state() returned.")
-        self._reset(state)
+        self._reset(unwrap_state(state))
 
     def gather_state_dict(self, group: Any = None) -> dict[str, Any]:
         """All ranks' states merged (an ``all_gather_object`` over ``group``); every rank gets it."""

@@ -566,6 +566,33 @@ class Pipeline:
 
         return build_loader(self, rank=rank, world_size=world_size, num_workers=num_workers, runner=runner, **kwargs)
 
+    def lane_nodes(self, lane: int, num_workers: int = 0) -> Any:
+        """Lane ``lane``'s chain of torchdata nodes, to iterate, test or compose on their own.
+
+        Args:
+            lane: the lane, in ``[0, lanes)``.
+            num_workers: threads for the stateless stages (0: in the calling thread).
+
+        Returns:
+            A :class:`~zephon.engine.lane.LaneNodes`: ``sources`` (one ``ChunkSource`` per source), ``stages``
+            (their ``StageBuffer`` nodes), ``merge``, ``accumulators`` (the last, ``rows``, makes the lane's rows
+            and sentinels), each a ``torchdata.nodes.BaseNode`` with ``state_dict()``/``reset(state)`` mapped to
+            flush sentinels. Call its ``close()`` when done (it stops the worker threads).
+
+        Raises:
+            PipelineError: the pipeline cannot be built, or ``lane`` is not one of its lanes.
+        """
+        from .engine.executors import make_executor
+        from .engine.lane import lane_depth, lane_nodes
+
+        if isinstance(lane, bool) or not isinstance(lane, int) or not 0 <= lane < self.lanes:
+            raise PipelineError(f"lane_nodes(lane={lane!r}): a lane in [0, {self.lanes}) is needed")
+        program = self.compile()
+        executor = make_executor("thread", program.stages, num_workers)
+        nodes = lane_nodes(program, lane, lambda s, k: executor, lane_depth(num_workers))
+        nodes.executor = executor
+        return nodes
+
     def to_recipe(self) -> str:
         """This pipeline as a TOML recipe (``[[steps]]`` form); user functions by import path."""
         from .recipe_steps import pipeline_to_toml

@@ -85,6 +85,12 @@ class LaneNodes:
     accumulators: list[AccumulatorNode]
     clock: LaneClock
     counters: LaneCounters
+    executor: Executor | None = None  # the stateless stages' executor, when these nodes own it (close())
+
+    def close(self) -> None:
+        """Stop the executor these nodes own (worker threads), if any."""
+        if self.executor is not None:
+            self.executor.close()
 
     @property
     def rows(self) -> AccumulatorNode:

@@ -109,7 +109,8 @@ class MergeNode(_Replaying, BaseNode):
         self._sentinels = sentinels
         self._anchor = Flush(sentinels, tuple(positions))
         self._emitted, self._replay_to = 0, emitted
-        self.merge = call_factory(self.make_merge, dataclasses.replace(self.ctx, segment=sentinels, carry=0, release=-1))
+        ctx = dataclasses.replace(self.ctx, segment=sentinels, carry=0, release=-1)
+        self.merge = call_factory(self.make_merge, ctx)
         if self.clock is not None:
             self.clock.decision_rows = -1
 
@@ -200,19 +201,22 @@ class AccumulatorNode(_Replaying, BaseNode):
             self.upstream.reset(None)
             sentinel: Mapping[str, Any] = {"index": 0, "carry": 0, "release": -1, "rows": 0}
             emitted = 0
-        else:
-            self.upstream.reset(_get(initial_state, SOURCE, self.where))
+        else:  # this node's own fields are checked before its upstream's
+            source = _get(initial_state, SOURCE, self.where)
             sentinel = _get(initial_state, SENTINEL, self.where)
             emitted = _count(initial_state, EMITTED, self.where)
         index = _count(sentinel, "index", self.where)
         carry, release = _count(sentinel, "carry", self.where), _get(sentinel, "release", self.where)
         if not isinstance(release, int) or isinstance(release, bool) or release < -1:
             raise StateError(f"{self.where}: the sentinel's 'release' must be an integer >= -1, got {release!r:.40}")
+        if initial_state is not None:
+            self.upstream.reset(source)
         if self.clock is not None:  # the row held over the sentinel is complete where the replay releases it
             self.clock.rows = _count(sentinel, "rows", self.where) - (release >= 0)
         self._anchor = (self.upstream.state_dict(), {"index": index, "carry": carry, "release": release,
                                                      **({"rows": sentinel["rows"]} if self.clock is not None else {})})
-        self.acc = call_factory(self.factory, dataclasses.replace(self.ctx, segment=index, carry=carry, release=release))
+        ctx = dataclasses.replace(self.ctx, segment=index, carry=carry, release=release)
+        self.acc = call_factory(self.factory, ctx)
         self._on_flush = getattr(self.acc, "on_flush", None)
         self._out.clear()
         self._entries.clear()

@@ -150,10 +150,57 @@ def check_compatible(state: Mapping[str, Any], fp: str, summary: Mapping[str, An
                          "Differences:\n  " + "\n  ".join(diffs[:20]))
 
 
+# torchdata wraps a node's state: Loader as {"root": ..., "num_yielded": n}, Batcher (and the like) as {"source": ...}
+_WRAPPERS = ("root", "source")
+
+
+def _unwrap(state: Any) -> tuple[list[tuple[str, dict]], Any]:
+    """``state`` without torchdata's wrappers, and the wrappers (key, the other fields), outermost first."""
+    wrappers = []
+    while isinstance(state, Mapping) and state.get("format") != STATE_FORMAT:
+        key = next((k for k in _WRAPPERS if k in state), None)
+        if key is None:
+            break
+        wrappers.append((key, {k: v for k, v in state.items() if k != key}))
+        state = state[key]
+    return wrappers, state
+
+
+def unwrap_state(state: Any) -> Any:
+    """A loader state without the wrappers torchdata's ``Loader`` and ``Batcher`` put around it."""
+    return _unwrap(state)[1]
+
+
 def merge_states(states: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """Merge the per-rank states of one checkpoint into one state holding every lane."""
+    """Merge the per-rank states of one checkpoint into one state holding every lane.
+
+    Args:
+        states: each rank's ``loader.state_dict()`` (or ``loader.node``'s state as torchdata's ``Loader`` or
+            ``Batcher`` wrap it: ``{"root": ..., "num_yielded": n}``, ``{"source": ...}``; all alike).
+
+    Returns:
+        One state any rank of any world size dividing the lane count resumes from, wrapped as the inputs were.
+
+    Raises:
+        StateError: a state is not a Zephon loader state, fails its integrity check, or comes from another
+            checkpoint (another step, pipeline or set of interventions) than the others.
+    """
     if not isinstance(states, Sequence) or isinstance(states, (str, bytes, Mapping)) or not states:
         raise StateError("merge_states() needs a non-empty list of states (one per rank).")
+    unwrapped = [_unwrap(s) for s in states]
+    wrappers = unwrapped[0][0]
+    for i, (w, _) in enumerate(unwrapped):
+        if w != wrappers:
+            raise StateError(f"state #{i} is wrapped as {[k for k, _ in w]} with {[f for _, f in w]}, state #0 as "
+                             f"{[k for k, _ in wrappers]} with {[f for _, f in wrappers]}: the states of one "
+                             f"checkpoint come from the same kind of loader at the same step.")
+    merged: Any = _merge([s for _, s in unwrapped])
+    for key, fields in reversed(wrappers):
+        merged = {**fields, key: merged}
+    return merged
+
+
+def _merge(states: Sequence[Any]) -> dict[str, Any]:
     for i, s in enumerate(states):
         check_container(s, f"state #{i}")
     first = states[0]

@@ -110,7 +110,8 @@ def parse_lane_state(d: Any, lane: int, names: Sequence[str], max_carry: int, pl
     clock = d["clock"]
     if not isinstance(clock, (list, tuple)) or len(clock) != 2:
         raise StateError(f"{where}: clock must be [rows, release], got {clock!r:.60}")
-    rows_at, release = _int(clock[0], f"{where}: clock[0] (rows)", 0), _int(clock[1], f"{where}: clock[1] (release)", -1)
+    rows_at = _int(clock[0], f"{where}: clock[0] (rows)", 0)
+    release = _int(clock[1], f"{where}: clock[1] (release)", -1)
     if sentinels == 0 and (rows_at, release, carry) != (0, -1, 0):
         raise StateError(f"{where}: clock {list(clock)} and carry {carry} before the first sentinel must be [0, -1] "
                          f"and 0")
