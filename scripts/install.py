@@ -85,8 +85,9 @@ def nvidia_gpus() -> tuple[list[str], str]:
 
 
 def resolve_torch(source_args: list[str], env: dict[str, str]) -> tuple[str | None, str]:
-    """The torch pip would install from ``source_args`` (version, file or URL), asked with ``--dry-run``
-    (nothing is downloaded but metadata), or None and pip's last error line."""
+    """The torch pip would install from ``source_args`` (version, and the file or URL), asked with
+    ``--dry-run`` (which downloads only metadata where the index serves it apart, as PyPI and the PyTorch
+    index do), or None and why pip found none."""
     with tempfile.TemporaryDirectory() as tmp:
         report = Path(tmp) / "report.json"
         cmd = pip("install", "--dry-run", "--ignore-installed", "--no-deps", "-vv", "--report", str(report),
@@ -167,14 +168,15 @@ def main(argv: list[str] | None = None) -> int:
     else:
         gpus, why_none = nvidia_gpus()
         if gpus:
-            say(f"no torch installed; NVIDIA GPU found ({gpus[0]}{f' and {len(gpus) - 1} more' if gpus[1:] else ''}):"
-                " pip takes the package index's torch, a CUDA build.")
+            more = f" and {len(gpus) - 1} more" if gpus[1:] else ""
+            say(f"no torch installed; NVIDIA GPU found ({gpus[0]}{more}): pip takes the package index's torch, "
+                "a CUDA build.")
         else:
             say(f"no torch installed and no NVIDIA GPU ({why_none}): installing a CPU build of torch first.")
             found = cpu_torch_source()
             if found is None:
                 say("No CPU build of torch could be found; nothing was installed. Either:")
-                say(f"  - install one from the PyTorch CPU index (or a mirror of it), then run this again:")
+                say("  - install one from the PyTorch CPU index (or a mirror of it), then run this again:")
                 say(f"      {shlex.join(pip('install', 'torch', '--index-url', CPU_INDEX))}")
                 say("  - or put a CPU wheel (torch-X.Y.Z+cpu-...whl) in a folder and run this again with")
                 say("      PIP_FIND_LINKS=/that/folder")
