@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import sys
 from pathlib import Path
 from typing import Any, Callable
 
@@ -15,6 +16,18 @@ from zephon import Recipe, recipe_from_dict
 from zephon.demo import train_sentencepiece, write_corpus
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+# .ci/run installs litdata, mosaicml-streaming and triton without their dependencies into .ci/site, outside
+# the environment (their unmet requirements would fail `pip check` there). The tests import them from it,
+# and so do the processes they start (torchrun, Ray, the benchmarks' children), through PYTHONPATH.
+CI_SITE = Path(__file__).resolve().parents[1] / ".ci" / "site"
+if CI_SITE.is_dir():
+    if str(CI_SITE) not in sys.path:
+        sys.path.insert(0, str(CI_SITE))
+    _paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    if str(CI_SITE) not in _paths:
+        os.environ["PYTHONPATH"] = os.pathsep.join([str(CI_SITE), *_paths])
+
 CORPUS_FILES = 70  # standard-library files mined for documents: ~2.5k documents, seconds to build
 
 
