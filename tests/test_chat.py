@@ -31,7 +31,7 @@ import pytest
 import zephon as z
 from zephon.ops.chat import DEFAULT_DATE, SKIP_REASON, TokenizeChat, assistant_tokens
 from zephon.ops.tokenize import shared_tokenizer
-from zephon.readers.base import SourceError
+from zephon.errors import SourceError
 from zephon.verify import global_hashes
 
 from .conftest import tiktoken_options

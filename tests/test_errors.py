@@ -353,7 +353,7 @@ def test_state_of_an_older_format_is_refused_with_the_fix(make_recipe):
     with pytest.raises(StateError) as info:
         build_loader(make_recipe(), rank=0, world_size=1).load_state_dict(state)
     msg = str(info.value)
-    assert "version 1" in msg and "reads version 3" in msg and "start the run afresh" in msg
+    assert "version 1" in msg and "reads version 4" in msg and "start the run afresh" in msg
 
 
 @pytest.mark.parametrize("runner", ["pool", "process"])

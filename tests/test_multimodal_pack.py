@@ -22,7 +22,7 @@ from zephon.engine.nodes import AccumulatorNode
 from zephon.ops.base import LaneContext
 from zephon.ops.image_layout import ImageLimits, ImageTooLarge, cut_points, piece, safe_cut
 from zephon.ops.pack import Pack
-from zephon.state.lane import StateError
+from zephon.errors import StateError
 from zephon.ops.split import Split
 from zephon.records import IGNORE, Chunk, Doc, Flush, Row, columns_from_records
 from zephon.testing import check_accumulator

@@ -30,7 +30,7 @@ from fsspec.implementations.memory import MemoryFileSystem
 
 from zephon import RecipeError, SourceError, build_loader, global_digest, merge_states, recipe_from_dict, storage
 from zephon.readers.parquet import ParquetReader
-from zephon.recipe import SourceSpec, StorageSpec
+from zephon.specs import SourceSpec, StorageSpec
 from zephon.plan import WorkPlan
 
 from .conftest import base_recipe_dict

@@ -32,7 +32,7 @@ from zephon import WorkPlan, build_loader, global_digest, merge_states
 from zephon.engine.ray_executor import RayClusterLost, RayExecutor, RayOptions, connect
 from zephon.engine.ray_local import PORT_CLASH, LocalRayCluster, free_port, port_open, ray_command
 from zephon.loader import as_pipeline
-from zephon.ops.transforms import OperatorError
+from zephon.errors import OperatorError
 from zephon.records import Chunk
 from zephon.verify import global_hashes
 

@@ -29,7 +29,8 @@ from hypothesis import strategies as st
 
 from zephon import WorkPlan, build_loader, recipe_from_dict
 from zephon._perm import mix64, permutation, permute_index, stable_key
-from zephon.readers.base import SourceError, Unit
+from zephon.readers.base import Unit
+from zephon.errors import SourceError
 from zephon.readers.jsonl import JsonlReader
 from zephon.readers.parquet import ParquetReader
 

@@ -23,7 +23,7 @@ import zephon as z
 from zephon.collate import global_digest
 from zephon.collate_records import CollateError, collate_records
 from zephon.ops.record_rows import RecordRow
-from zephon.pipeline import PipelineError
+from zephon.errors import PipelineError
 from zephon.verify import global_hashes
 
 from .vision_data import build_dataset, pictures

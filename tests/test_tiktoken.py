@@ -24,7 +24,8 @@ import zephon
 import zephon.ops.tokenize as tokenize_module
 import zephon.tokenization as tokenization
 from zephon import RecipeError, TokenizerSpec, load_tokenizer, recipe_from_dict
-from zephon.ops.tokenize import Tokenize, tokenizer_description
+from zephon.ops.tokenize import Tokenize
+from zephon.specs import tokenizer_description
 from zephon.records import INPUT_IDS, Chunk
 
 from .conftest import TIKTOKEN_TEST_PATTERN, base_recipe_dict, tiktoken_options

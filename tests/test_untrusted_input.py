@@ -33,7 +33,7 @@ import pytest
 
 from zephon import SourceError, WorkPlan, build_loader, global_digest, recipe_from_dict, storage
 from zephon.readers.litdata import LitDataReader
-from zephon.recipe import SourceSpec, StorageSpec
+from zephon.specs import SourceSpec, StorageSpec
 
 from .conftest import base_recipe_dict
 from .stores import start_moto

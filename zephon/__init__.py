@@ -13,14 +13,18 @@ from .compile import ValidationReport
 from .loader import ZephonLoader, build_loader, lanes_of_rank
 from .ops.base import Accumulator, LaneContext, Merge, Transform
 from .ops.schedule import Schedule
-from .ops.transforms import OperatorError
-from .pipeline import Pipeline, PipelineError, tokenizer
+from .errors import OperatorError
+from .pipeline import Pipeline, tokenizer
+from .errors import PipelineError
 from .plan import WorkPlan
-from .readers import SourceError
-from .recipe import PackSpec, Recipe, RecipeError, SourceSpec, TokenizerSpec, load_recipe, recipe_from_dict
+from .errors import SourceError
+from .recipe import Recipe, load_recipe, recipe_from_dict
+from .specs import PackSpec, SourceSpec, TokenizerSpec
+from .errors import RecipeError
 from .recipe_steps import load_pipeline
 from .records import IGNORE, Doc, Flush
-from .state import LaneState, StateError, load_state, merge_states, save_state
+from .state import LaneState, load_state, merge_states, save_state
+from .errors import StateError
 from .tokenization import Tokenizer, load_tokenizer
 
 __version__ = "0.2.0"

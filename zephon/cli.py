@@ -73,7 +73,8 @@ def _out(text: str = "") -> None:
 
 def _load_states(paths: Sequence[str]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """Read one or more loader-state files (e.g. every rank's); returns them merged, and as read."""
-    from .state import StateError, load_state, merge_states
+    from .state import load_state, merge_states
+    from .errors import StateError
 
     states = []
     for path in paths:
@@ -547,7 +548,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = parser.parse_args(argv)
     except SystemExit as exc:  # --help, --version, usage errors: argparse already printed
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else EXIT_USAGE)
-    from .readers import SourceError
+    from .errors import SourceError
 
     try:
         return args.func(args)

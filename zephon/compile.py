@@ -29,7 +29,8 @@ from .ops.shuffle import Shuffle
 from .ops.split import Split
 from .plan import ReaderFactory, WorkPlan
 from .records import INPUT_IDS
-from .pipeline import (AccumulateStep, BatchStep, MixStep, PackStep, Pipeline, PipelineError, ShuffleStep)
+from .pipeline import AccumulateStep, BatchStep, MixStep, PackStep, Pipeline, ShuffleStep
+from .errors import PipelineError
 
 PIPELINE_SCHEMA = 1  # bumped when the meaning of a fingerprinted field changes
 

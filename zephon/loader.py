@@ -25,7 +25,8 @@ from .engine.tokenizer_pool import uses_hf_tokenizer
 from .pipeline import Pipeline
 from .recipe import Recipe, load_recipe
 from .state.checkpoint import STATE_FORMAT, STATE_VERSION, check_compatible, check_container, seal, unwrap_state
-from .state.lane import LaneState, StateError
+from .state.lane import LaneState
+from .errors import StateError
 
 RUNNERS = ("thread", "pool", "process", "ray", "ray-lanes")
 _RUNNER_KIND = {"thread": "thread", "pool": "process"}  # the executor kind behind each chunk runner

@@ -32,6 +32,7 @@ from pathlib import Path
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
+from .errors import PipelineError
 from .ops.base import Accumulator, Operator, Transform, function_id
 from .ops.mix import MIX_BY
 from .ops.pack import PACK_ALGORITHMS
@@ -39,11 +40,9 @@ from .ops.split import Split
 from .ops.tokenize import Tokenize
 from .ops.transforms import FieldFilter, FieldMap, Filter, FlatMap, Map, MapBatch
 from .read import FORMATS, ReadSpec
-from .recipe import TokenizerSpec
+from .specs import TokenizerSpec
 
 
-class PipelineError(ValueError):
-    """A pipeline that cannot be built as written; the message names the operator and the fix."""
 
 
 @dataclass(frozen=True)
@@ -624,7 +623,8 @@ def tokenizer(path: str, kind: str | None = None, *, add_eos: bool = True, add_b
     Returns:
         The :class:`~zephon.recipe.TokenizerSpec` (loaded, and checked against the file, when first used).
     """
-    from .recipe import RecipeError, validate_special_tokens
+    from .recipe import validate_special_tokens
+    from .errors import RecipeError
     from .tokenization import sniff_tokenizer_kind
 
     if kind is None:

@@ -26,10 +26,11 @@ from fsspec.implementations.local import LocalFileSystem
 
 from ._perm import mix64, permute_index, stable_key
 from .read import ReadSpec
-from .readers import INDEXED_READERS, SELF_LISTED, Reader, SourceError, Unit, list_own_files, make_reader
+from .readers import INDEXED_READERS, Reader, SELF_LISTED, Unit, list_own_files, make_reader
+from .errors import SourceError
 from .readers import hf as hf_folders
 from .readers.base import RawChunk, is_blank, path_not_found
-from .recipe import StorageSpec
+from .specs import StorageSpec
 from .storage import url_to_fs
 
 _ROUTE, _ORDER = 1, 2

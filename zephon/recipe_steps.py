@@ -27,9 +27,12 @@ import json
 import re
 from typing import Any, Callable, Mapping
 
-from .pipeline import (AccumulateStep, BatchStep, MixStep, PackStep, Pipeline, PipelineError, ShuffleStep)
+from .pipeline import AccumulateStep, BatchStep, MixStep, PackStep, Pipeline, ShuffleStep
+from .errors import PipelineError
 from .read import ReadSpec
-from .recipe import Recipe, RecipeError, TokenizerSpec
+from .recipe import Recipe
+from .errors import RecipeError
+from .specs import TokenizerSpec
 
 
 # -- classic recipes ------------------------------------------------------------------------------------

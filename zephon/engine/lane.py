@@ -24,7 +24,8 @@ from ..ops.base import LaneContext
 from ..ops.record_rows import RecordRow
 from ..plan import WorkPlan
 from ..records import INPUT_IDS, Flush, Row
-from ..state.lane import LaneState, StateError, parse_lane_state
+from ..state.lane import LaneState, parse_lane_state
+from ..errors import StateError
 from .clock import LaneClock
 from .counters import LaneCounters
 from .executors import Executor

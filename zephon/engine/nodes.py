@@ -31,7 +31,7 @@ from torchdata.nodes import BaseNode
 
 from ..ops.base import LaneContext, call_factory
 from ..records import Flush
-from ..state.lane import StateError
+from ..errors import StateError
 from .counters import LaneCounters
 from .sentinels import FlushPolicy
 from .sources import SourceStream, position_of, position_state

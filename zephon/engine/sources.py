@@ -23,9 +23,9 @@ import numpy as np
 from torchdata.nodes import BaseNode
 
 from ..plan import ChunkTask, SourcePlan
-from ..readers.base import SourceError
+from ..errors import SourceError
 from ..records import IGNORE, INPUT_IDS, Chunk, Doc
-from ..state.lane import StateError
+from ..errors import StateError
 from .counters import LaneCounters
 from .executors import Executor
 from .sentinels import FlushPolicy

@@ -22,7 +22,8 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from ..ops.base import Transform
-from ..readers.base import RawChunk, SourceError
+from ..readers.base import RawChunk
+from ..errors import SourceError
 from ..records import Chunk, TokenColumn
 
 # glibc serves a process's main thread from its main (brk) malloc arena and every other thread from an

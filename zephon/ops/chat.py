@@ -46,11 +46,12 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ..readers.base import SourceError
+from ..errors import SourceError
 from ..records import INPUT_IDS, LOSS_MASK, Chunk, Doc, doc_source
-from ..recipe import TokenizerSpec
+from ..specs import TokenizerSpec
 from .base import Transform
-from .tokenize import file_digest, shared_tokenizer, tokenizer_description
+from .tokenize import shared_tokenizer
+from ..specs import file_digest, tokenizer_description
 
 LOSS_ON = ("assistant", "last_assistant", "all")
 ON_ERROR = ("raise", "skip")

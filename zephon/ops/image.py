@@ -68,7 +68,7 @@ import numpy as np
 
 from ..imaging import (BAD_REASONS, DEFAULT_MAX_IMAGE_PIXELS, JPEG_DECODERS, RESAMPLE, BadImage, ImageSpec,
                        decode_image, patchify)
-from ..readers.base import SourceError
+from ..errors import SourceError
 from ..records import Chunk
 from .base import Transform
 

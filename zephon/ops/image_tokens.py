@@ -31,14 +31,15 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ..readers.base import SourceError
+from ..errors import SourceError
 from ..records import INPUT_IDS, LOSS_MASK, Chunk
-from ..recipe import TokenizerSpec
+from ..specs import TokenizerSpec
 from ..tokenization import Tokenizer
 from .base import Transform
 from .image import IMAGE_GRID, IMAGES
 from .image_layout import IMAGE_SPANS
-from .tokenize import shared_tokenizer, tokenizer_description
+from .tokenize import shared_tokenizer
+from ..specs import tokenizer_description
 
 UNPLACED = ("before", "after")
 

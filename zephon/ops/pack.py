@@ -74,7 +74,7 @@ from typing import Any, Iterable, Mapping
 import numpy as np
 
 from ..records import IGNORE, INPUT_IDS, Flush, Row, doc_tail
-from ..state.lane import StateError
+from ..errors import StateError
 from .base import Accumulator, LaneContext
 from .image_layout import (BIG, IMAGE_SPANS, NO_LIMITS, ImageLimits, ImageTooLarge, cut_points, patch_counts, piece,
                            safe_cut, spans_of, too_large)

@@ -24,7 +24,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from ..records import IGNORE, INPUT_IDS, Chunk, cut_doc, doc_length
-from ..readers.base import SourceError
+from ..errors import SourceError
 from .base import Transform
 from .image_layout import (IMAGE_GRID, IMAGE_SPANS, NO_LIMITS, PER_IMAGE, ImageLimits, ImageTooLarge, cut_points,
                            images_in, patch_counts, piece, spans_of)

@@ -13,16 +13,15 @@ per-document payloads; the text field itself is dropped unless ``keep_field=True
 
 from __future__ import annotations
 
-import hashlib
 import threading
 from dataclasses import replace
 from typing import Any, Sequence
 
 import numpy as np
 
-from ..readers.base import SourceError
+from ..errors import SourceError
 from ..records import INPUT_IDS, Chunk, Doc, TokenColumn
-from ..recipe import TokenizerSpec
+from ..specs import TokenizerSpec, tokenizer_description
 from ..tokenization import Tokenizer, load_tokenizer
 from .base import Transform
 
@@ -40,32 +39,6 @@ def shared_tokenizer(spec: TokenizerSpec) -> Tokenizer:
         with _LOCK:
             tok = _TOKENIZERS.setdefault(key, tok)
     return tok
-
-
-def file_digest(path: str) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()[:16]
-
-
-def tokenizer_description(spec: TokenizerSpec) -> dict[str, Any]:
-    """What decides a tokenizer's ids: its kind, file digest and framing options (fingerprinted).
-
-    Args:
-        spec: the tokenizer.
-
-    Returns:
-        Plain data for the fingerprint. A tiktoken file's split regex and special tokens are ``pat_str`` and
-        ``special_tokens`` when given; when not, they are tiktoken's own for the file, decided by its digest.
-    """
-    d = {"kind": spec.kind, "sha256": file_digest(spec.path), "add_eos": spec.add_eos, "add_bos": spec.add_bos,
-         "eos_token": spec.eos_token, "bos_token": spec.bos_token, "pad_id": spec.pad_id, "pat_str": spec.pat_str}
-    if spec.kind == "tiktoken":  # only tiktoken's fingerprints change with this key, as its ids did (tiktoken's
-        # own special tokens and regex, no invented EOS); other kinds keep theirs, and their checkpoints resume
-        d["special_tokens"] = dict(spec.special_tokens) if spec.special_tokens is not None else None
-    return d
 
 
 def _all_text(texts: list) -> bool:

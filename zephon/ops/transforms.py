@@ -17,15 +17,14 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 
+from ..errors import OperatorError
+
 from ..records import Chunk, Doc, columns_from_records, doc_source, doc_tail
 from .base import Transform, function_id
 
 ON_ERROR = ("raise", "skip")
 
 
-class OperatorError(RuntimeError):
-    """A user function (or a built-in operator) failed on a record; the message names the operator,
-    the function, the source file and the record."""
 
 
 class _FunctionTransform(Transform):

@@ -6,7 +6,8 @@ from typing import TYPE_CHECKING
 
 import fsspec
 
-from .base import LRU, DocLimit, RawChunk, Reader, SourceError, Unit
+from .base import DocLimit, LRU, RawChunk, Reader, Unit
+from ..errors import SourceError
 from .indexed import IndexedReader
 from .jsonl import JsonlReader
 from .litdata import LitDataReader

@@ -23,7 +23,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.ipc as ipc
 
-from .base import DEFAULT_DOC_LIMIT, LRU, DocLimit, SourceError
+from .base import DEFAULT_DOC_LIMIT, DocLimit, LRU
+from ..errors import SourceError
 from .columnar import ColumnarReader
 
 EXTENSIONS = (".arrow", ".arrows", ".feather", ".ipc")

@@ -22,9 +22,9 @@ from typing import Any, Callable, Protocol, Sequence
 
 import numpy as np
 
+from ..errors import SourceError
 
-class SourceError(RuntimeError):
-    """Bad input in a source file; the message names the file, the field and the fix."""
+
 
 
 @dataclass(frozen=True)

@@ -33,7 +33,8 @@ import fsspec
 import numpy as np
 
 from .arrow import ArrowReader
-from .base import DEFAULT_DOC_LIMIT, DocLimit, RawChunk, SourceError, Unit, path_not_found, units_of_groups
+from .base import DEFAULT_DOC_LIMIT, DocLimit, RawChunk, Unit, path_not_found, units_of_groups
+from ..errors import SourceError
 from .parquet import ParquetReader
 
 DEFAULT_SPLIT = "train"

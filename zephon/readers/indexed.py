@@ -41,7 +41,8 @@ from typing import Any, Sequence
 import fsspec
 import numpy as np
 
-from .base import LRU, RawChunk, SourceError, TokenRows, Unit, aligned_cuts, path_not_found, split_evenly
+from .base import LRU, RawChunk, TokenRows, Unit, aligned_cuts, path_not_found, split_evenly
+from ..errors import SourceError
 
 INDEX_NAME = "index.json"
 

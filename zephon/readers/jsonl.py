@@ -20,8 +20,8 @@ from typing import BinaryIO, Sequence
 import fsspec
 import numpy as np
 
-from .base import (DEFAULT_DOC_LIMIT, LRU, DocLimit, RawChunk, SourceError, Unit, aligned_cuts, split_evenly,
-                   utf8_prefix)
+from .base import DEFAULT_DOC_LIMIT, DocLimit, LRU, RawChunk, Unit, aligned_cuts, split_evenly, utf8_prefix
+from ..errors import SourceError
 
 _COMPRESSION = {".gz": "gzip", ".zst": "zstd", ".zstd": "zstd"}
 # Reads of a line that goes on past its chunk: the first this long, each next one twice as long (up to

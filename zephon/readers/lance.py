@@ -32,7 +32,8 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 import pyarrow as pa
 
-from .base import DEFAULT_DOC_LIMIT, LRU, DocLimit, SourceError, first_line, native_failure, path_not_found
+from .base import DEFAULT_DOC_LIMIT, DocLimit, LRU, first_line, native_failure, path_not_found
+from ..errors import SourceError
 from .columnar import ColumnarReader, combined
 
 _MARK = "#fragment="

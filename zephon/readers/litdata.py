@@ -45,7 +45,8 @@ from typing import Any
 
 import numpy as np
 
-from .base import SourceError, TokenRows
+from .base import TokenRows
+from ..errors import SourceError
 from .indexed import IndexedReader, ShardMeta
 from .tokens import byte_token_rows
 

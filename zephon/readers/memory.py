@@ -20,7 +20,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.ipc as ipc
 
-from .base import DEFAULT_DOC_LIMIT, LRU, DocLimit, SourceError
+from .base import DEFAULT_DOC_LIMIT, DocLimit, LRU
+from ..errors import SourceError
 from .columnar import ColumnarReader
 
 ROW_GROUP_ROWS = 1 << 20  # pyarrow.parquet.write_table's default row group size

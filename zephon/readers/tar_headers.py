@@ -13,7 +13,7 @@ from typing import BinaryIO
 
 import numpy as np
 
-from .base import SourceError
+from ..errors import SourceError
 
 BLOCK = 512
 ZERO_BLOCK = bytes(BLOCK)

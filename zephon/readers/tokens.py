@@ -14,7 +14,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .base import SourceError, TokenRows
+from .base import TokenRows
+from ..errors import SourceError
 
 _LIST_TYPES = (pa.types.is_list, pa.types.is_large_list, pa.types.is_fixed_size_list, pa.types.is_list_view,
                pa.types.is_large_list_view)

@@ -24,7 +24,8 @@ import fsspec
 import numpy as np
 import pyarrow as pa
 
-from .base import LRU, RawChunk, SourceError, Unit, chunks_in_groups, first_line, native_failure, units_of_groups
+from .base import LRU, RawChunk, Unit, chunks_in_groups, first_line, native_failure, units_of_groups
+from ..errors import SourceError
 from .tokens import arrow_token_rows, is_token_list_type
 
 _TEXT_TYPES = (pa.types.is_string, pa.types.is_large_string, pa.types.is_string_view)

@@ -51,8 +51,8 @@ import fsspec
 import numpy as np
 from fsspec.implementations.local import LocalFileSystem
 
-from .base import DEFAULT_DOC_LIMIT, LRU, DocLimit, RawChunk, SourceError, Unit, chunks_in_groups, units_of_groups, \
-    utf8_prefix
+from .base import DEFAULT_DOC_LIMIT, DocLimit, LRU, RawChunk, Unit, chunks_in_groups, units_of_groups, utf8_prefix
+from ..errors import SourceError
 from .open_files import OpenFiles
 from .tar_headers import BLOCK, number_field, scan_members
 

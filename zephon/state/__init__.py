@@ -9,7 +9,8 @@ The fingerprint itself is computed from the compiled pipeline (:mod:`zephon.comp
 
 from .checkpoint import (STATE_FORMAT, STATE_VERSION, check_compatible, check_container, load_state, merge_states,
                          save_state, seal, state_digest)
-from .lane import LaneState, StateError, parse_lane_state
+from .lane import LaneState, parse_lane_state
+from ..errors import StateError
 
 __all__ = ["LaneState", "STATE_FORMAT", "STATE_VERSION", "StateError", "check_compatible", "check_container",
            "load_state", "merge_states", "parse_lane_state", "save_state", "seal", "state_digest"]

@@ -30,7 +30,8 @@ import os
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from .lane import MAX_INT, StateError
+from .lane import MAX_INT
+from ..errors import StateError
 
 STATE_FORMAT = "zephon.loader_state"
 # 3: pipelines (graph fingerprint); positions [unit_seq, cursor, skip]; sentinels; digest.

@@ -29,12 +29,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
+from ..errors import StateError
+
 MAX_INT = 2 ** 53  # integers in a state stay exact in any JSON reader
 MAX_REPLAY_HINT = 2 ** 20  # chunks since a sentinel: far above any cadence (the lane caps what it submits)
 
 
-class StateError(ValueError):
-    """A checkpoint that cannot be loaded here; the message says why and what to do."""
 
 
 @dataclass(frozen=True)

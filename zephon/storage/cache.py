@@ -10,7 +10,7 @@ import threading
 import time
 from pathlib import Path
 
-from ..readers.base import SourceError
+from ..errors import SourceError
 from .stats import _count
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import errno
 from typing import Mapping
 
-from ..readers.base import SourceError
+from ..errors import SourceError
 
 
 class StoreError(SourceError):

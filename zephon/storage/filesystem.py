@@ -11,8 +11,8 @@ from typing import Any, Callable, Mapping
 
 import fsspec
 
-from ..readers.base import SourceError
-from ..recipe import SourceSpec, StorageSpec
+from ..errors import SourceError
+from ..specs import SourceSpec, StorageSpec
 from .cache import BlockCache
 from .errors import StoreError, _describe, _ShortRead
 from .retry import call_with_retries

@@ -6,7 +6,7 @@ import random
 import time
 from typing import Any, Callable
 
-from ..readers.base import SourceError
+from ..errors import SourceError
 from .errors import DENIED, MISSING, PERMANENT, StoreError, _describe, classify
 from .stats import _count
 

@@ -1,0 +1,128 @@
+"""The declarations every layer shares, as frozen values: which tokenizer, which source files, how to reach
+an object store, and the options a recipe may set. A leaf: nothing of Zephon is imported here, so the
+readers, the operators, the work plan and the TOML front end all build on it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+PACK_ALGORITHMS = ("best_fit", "first_fit", "wrap")
+TOKENIZER_KINDS = ("sentencepiece", "tiktoken", "huggingface")
+SOURCE_FORMATS = ("parquet", "jsonl", "mds", "litdata", "vortex", "lance", "arrow", "hf", "webdataset")
+# formats that can hold pre-tokenized rows (tokens_field)
+TOKENS_FORMATS = ("parquet", "mds", "litdata", "vortex", "lance", "arrow", "hf")
+MIX_BY = ("tokens", "documents")
+OVERSIZE_POLICIES = ("skip", "truncate", "error")  # [read] oversize: what to do with a document over max_doc_bytes
+SEED_LIMIT = 1 << 63  # seeds are non-negative 64-bit integers (zephon/_perm.py hashes them modulo 2**64)
+# The mixer turns weights into integers with Fraction.limit_denominator(10_000) (zephon/nodes/mix.py,
+# integer_weights): a weight that rounds to 0 there would have no share (and divide by zero).
+WEIGHT_DENOMINATOR = 10_000
+
+
+@dataclass(frozen=True)
+class TokenizerSpec:
+    """Which tokenizer turns text into ids, and which special tokens frame a document."""
+
+    kind: str
+    path: str
+    add_eos: bool = True
+    add_bos: bool = False
+    eos_token: str | None = None  # huggingface / tiktoken: name of the EOS token
+    bos_token: str | None = None
+    pad_id: int | None = None  # id written into padding positions (labels there are ignored); default EOS
+    # tiktoken only. A file that is one of tiktoken's own encodings (recognised by its SHA-256) takes that
+    # encoding's split regex and special tokens from tiktoken; any other file needs them here (see
+    # zephon/tokenization.py). Given for a recognised file, they replace tiktoken's.
+    pat_str: str | None = None  # split regex
+    # name -> id, stored as ((name, id), ...) sorted by id, so that the spec stays hashable and two spellings
+    # of one mapping are one spec; a mapping given here is turned into that form.
+    special_tokens: tuple[tuple[str, int], ...] | None = None
+
+    def __post_init__(self) -> None:
+        st = self.special_tokens
+        if isinstance(st, Mapping):
+            pairs = tuple(st.items())
+            if all(isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool) for k, v in pairs):  # else left for the validation to name
+                pairs = tuple(sorted(pairs, key=lambda kv: (kv[1], kv[0])))
+            object.__setattr__(self, "special_tokens", pairs)
+
+    def describe(self) -> dict[str, Any]:
+        """What decides its ids, for the fingerprint (:func:`tokenizer_description`)."""
+        return tokenizer_description(self)
+
+
+@dataclass(frozen=True)
+class PackSpec:
+    """How documents are packed into rows of ``seq_len`` tokens (see :mod:`zephon.ops.pack`)."""
+
+    algorithm: str = "best_fit"
+    max_open_bins: int = 16
+
+
+@dataclass(frozen=True)
+class SourceSpec:
+    """One corpus: files of one format, one text field, a mixture weight."""
+
+    name: str
+    path: tuple[str, ...]
+    format: str
+    text_field: str = "text"
+    weight: float = 1.0
+    # Pre-tokenized sources: the list/array column of token ids; the tokenizer is then skipped (its
+    # BOS/EOS, pad id and vocabulary still apply). Exclusive with text_field. See zephon/pretokenized.py.
+    tokens_field: str | None = None
+    # Object stores: keyword arguments for the fsspec filesystem (s3fs / gcsfs / adlfs): endpoint_url,
+    # key, secret, anon, account_name, connection_string... Not in the fingerprint (where the bytes come
+    # from only changes speed), not in repr (credentials), not hashed (a dict). See zephon/storage.py.
+    storage_options: dict[str, Any] | None = field(default=None, repr=False, hash=False)
+    # The columns to read, when more than the one text (or token-id) column: a [[steps]] recipe's
+    # operators see them as record fields (e.g. ["text", "url"] or ["messages"]).
+    columns: tuple[str, ...] | None = None
+    # This source's own [read] options (chunk_rows, chunk_bytes, unit_bytes...), over the recipe's [read].
+    read: dict[str, Any] | None = field(default=None, hash=False)
+    # Stop after this many passes over the source's data (None: repeat for ever, in a new order every pass).
+    passes: int | None = None
+    # format = "hf" (a Hugging Face datasets folder): the split to read (None: "train") and the config,
+    # when the folder holds several (zephon/readers/hf.py).
+    split: str | None = None
+    config: str | None = None
+
+
+@dataclass(frozen=True)
+class StorageSpec:
+    """``[storage]``: retries and the node-local cache of object-store reads (speed only, not fingerprinted)."""
+
+    cache_dir: str | None = None  # node-local cache of remote byte blocks; None: no cache
+    cache_max_bytes: int = 10 << 30  # LRU eviction beyond this
+    cache_block_bytes: int = 4 << 20  # cached block size (requests are aligned to it when caching)
+    retries: int = 5  # retries of a transient error (after the first attempt)
+    retry_backoff_s: float = 0.5  # first backoff; doubles per retry, with jitter
+
+
+def file_digest(path: str) -> str:
+    """The first 16 hex digits of a file's SHA-256 (a tokenizer's or a template's identity in fingerprints)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()[:16]
+
+
+def tokenizer_description(spec: TokenizerSpec) -> dict[str, Any]:
+    """What decides a tokenizer's ids: its kind, file digest and framing options (fingerprinted).
+
+    Args:
+        spec: the tokenizer.
+
+    Returns:
+        Plain data for the fingerprint. A tiktoken file's split regex and special tokens are ``pat_str`` and
+        ``special_tokens`` when given; when not, they are tiktoken's own for the file, decided by its digest.
+    """
+    d = {"kind": spec.kind, "sha256": file_digest(spec.path), "add_eos": spec.add_eos, "add_bos": spec.add_bos,
+         "eos_token": spec.eos_token, "bos_token": spec.bos_token, "pad_id": spec.pad_id, "pat_str": spec.pat_str}
+    if spec.kind == "tiktoken":
+        d["special_tokens"] = dict(spec.special_tokens) if spec.special_tokens is not None else None
+    return d
