@@ -59,7 +59,7 @@ def hashes(root: Path, manifest: dict) -> dict[str, list[str]]:
 def pipelines(root: Path, manifest: dict) -> dict:
     """name -> pipeline, for the pipelines that run on the whole-run path (no loader keyword arguments)."""
     import zephon as z
-    from zephon.loader import as_pipeline
+    from zephon.recipe import as_pipeline
 
     p = {k: root / v for k, v in manifest["paths"].items()}
     variants = {**tg.suite_variants(p["corpus"], p["sp_model"], p["hf"], p["tiktoken"]), **tg.shipped_variants(p["demo"])}

@@ -4,7 +4,7 @@
 The model (pure torch, about 1M parameters) is the usual native-resolution VLM in miniature:
 
 - a **patch encoder**: the uint8 patches of ``pixel_values [total_patches, p*p*3]`` are normalised here
-  (on the model's device, :func:`zephon.collate_images.normalize`), embedded by a linear layer, and each
+  (on the model's device, :func:`zephon.batches.images.normalize`), embedded by a linear layer, and each
   ``merge x merge`` group of consecutive patches (Zephon's patch order, Qwen2-VL's) is merged into one
   feature, as Qwen2-VL's patch merger does: one feature per image token;
 - a **causal LM** over ``input_ids`` whose image-token embeddings are replaced by those features. Where they
@@ -42,7 +42,7 @@ if str(REPO) not in sys.path:  # run from a clone without installing
     sys.path.insert(0, str(REPO))
 
 import zephon as z  # noqa: E402
-from zephon.collate_images import normalize  # noqa: E402
+from zephon.batches.images import normalize  # noqa: E402
 
 MEAN, STD = (0.481, 0.458, 0.408), (0.269, 0.261, 0.276)  # CLIP's, as Qwen2-VL's processor uses
 
@@ -112,7 +112,7 @@ def loss_of(model: TinyVLM, batch: dict[str, Any]) -> torch.Tensor:
 
 def model_for(pipe: z.Pipeline, batch: dict[str, Any], seed: int = 0) -> TinyVLM:
     """A model sized from the pipeline: its tokenizer's vocabulary, its rows, its patches and merge."""
-    from zephon.ops.image import DecodeImages
+    from zephon.ops.decode_images import DecodeImages
 
     merge = next(s.merge for s in pipe.steps if isinstance(s, DecodeImages))
     vocab = z.load_tokenizer(pipe.tokenizer).vocab_size

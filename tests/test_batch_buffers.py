@@ -1,4 +1,4 @@
-"""Batch memory reused once released (zephon.batch_buffers): never while anything can still see it.
+"""Batch memory reused once released (zephon.batches.buffers): never while anything can still see it.
 
 The pool decides from a reference count that nobody holds a buffer. These tests hold batch memory every
 way a trainer can (numpy views, tensors and their views, ``Tensor.numpy()``, memoryviews, lists of
@@ -19,9 +19,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import zephon as z
-from zephon.batch_buffers import BatchBuffers
-from zephon.collate_records import collate_records
-from zephon.ops.record_rows import RecordRow
+from zephon.batches.buffers import BatchBuffers
+from zephon.batches.records import collate_records
+from zephon.ops.batch import RecordRow
 
 from .test_golden_vl import STEPS, pipelines, vl_inputs  # noqa: F401  (fixtures)
 
@@ -255,7 +255,7 @@ def test_empty_image_slots_are_zeros_in_reused_memory(vl_inputs):  # noqa: F811
 def test_the_module_docstring_example_runs_as_written():
     import doctest
 
-    import zephon.batch_buffers as module
+    import zephon.batches.buffers as module
 
     result = doctest.testmod(module)
     assert result.attempted >= 8 and result.failed == 0

@@ -33,7 +33,7 @@ def test_chunk_cadence_resumes_at_every_position(make_recipe, data):
                          shuffle={"buffer": data.draw(st.integers(0, 4), "shuffle")},
                          split={"max_doc_tokens": data.draw(st.sampled_from([16, 32]), "split")})
     steps = 8
-    plan = WorkPlan(recipe)
+    plan = WorkPlan(recipe.to_pipeline())
     reference = global_hashes(recipe, 1, steps, plan=plan)
     at = data.draw(st.integers(1, steps - 1), "resume_at")
     w, w2 = data.draw(st.sampled_from(divisors(lanes)), "world"), data.draw(st.sampled_from(divisors(lanes)), "world2")

@@ -29,7 +29,7 @@ import numpy as np
 import pytest
 
 import zephon as z
-from zephon.ops.chat import DEFAULT_DATE, SKIP_REASON, TokenizeChat, assistant_tokens
+from zephon.ops.tokenize_chat import DEFAULT_DATE, SKIP_REASON, TokenizeChat, assistant_tokens
 from zephon.ops.tokenize import shared_tokenizer
 from zephon.errors import SourceError
 from zephon.verify import global_hashes
@@ -710,7 +710,7 @@ def test_the_new_parameters_round_trip_through_a_recipe(tmp_path, sp_model):
         recipe.write_text(pipe.to_recipe(), encoding="utf-8")
         again = z.load_recipe(str(recipe)).to_pipeline()
         assert again.fingerprint == pipe.fingerprint
-        assert again.steps[0].describe() == pipe.steps[0].describe()
+        assert again.ops[0].describe() == pipe.ops[0].describe()
     toml = pipes[1].to_recipe()
     assert 'date = "2025-03-04"' in toml and 'on_error = "skip"' in toml and "add_generation_prompt = true" in toml
 

@@ -277,7 +277,7 @@ def test_inspect_lists_sources_and_lane_units(recipe_path, capsys):
 
     assert main(["inspect", str(recipe_path), "--lanes-shown", "3", "--json"]) == 0
     info = json.loads(capsys.readouterr().out)
-    plan = WorkPlan(load_recipe(recipe_path))
+    plan = WorkPlan(load_recipe(recipe_path).to_pipeline())
     assert [(s["name"], s["files"], s["units"]) for s in info["sources"]] == \
         [("web", 8, len(plan.sources[0].units)), ("code", 4, len(plan.sources[1].units))]
     assert info["sources"][0]["units_per_lane"] == len(plan.sources[0].units) / 16

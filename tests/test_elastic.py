@@ -31,7 +31,7 @@ def exercised(recipe, steps: int) -> dict:
 @pytest.mark.parametrize("algorithm", ["best_fit", "first_fit", "wrap"])
 def test_world_sizes_agree_for_every_pack_algorithm(make_recipe, algorithm):
     recipe = make_recipe(lanes=32, pack={"algorithm": algorithm})
-    plan = WorkPlan(recipe)
+    plan = WorkPlan(recipe.to_pipeline())
     m = exercised(recipe, STEPS)
     assert m["flushes"] > 0 and len(m["source_token_share"]) == 2
     if algorithm != "wrap":
@@ -44,7 +44,7 @@ def test_world_sizes_agree_for_every_pack_algorithm(make_recipe, algorithm):
 
 def test_sixty_four_lanes_on_sixty_four_ranks(make_recipe):
     recipe = make_recipe(lanes=64, batch_per_lane=1)
-    plan = WorkPlan(recipe)
+    plan = WorkPlan(recipe.to_pipeline())
     reference = global_hashes(recipe, 1, 6, plan=plan)
     assert global_hashes(recipe, 64, 6, plan=plan) == reference
     assert global_hashes(recipe, 8, 6, plan=plan) == reference
@@ -79,7 +79,7 @@ def _resume_points(recipe, world_size: int, steps: int) -> tuple[int, int]:
 @pytest.mark.parametrize("new_world", [8, 32, 64, 16])
 def test_resume_on_another_world_size(make_recipe, new_world):
     recipe = make_recipe(lanes=64, flush_every=1)
-    plan = WorkPlan(recipe)
+    plan = WorkPlan(recipe.to_pipeline())
     steps = 14
     reference = global_hashes(recipe, 1, steps, plan=plan)
     for k in _resume_points(recipe, 16, steps - 2):
@@ -107,7 +107,7 @@ def test_resume_twice_across_world_sizes(make_recipe):
 @pytest.mark.parametrize("runner,workers", [("thread", 1), ("thread", 2), ("thread", 4), ("pool", 2), ("process", 2)])
 def test_workers_and_runners_change_nothing(make_recipe, runner, workers):
     recipe = make_recipe(lanes=16, shuffle={"buffer": 4})
-    plan = WorkPlan(recipe)
+    plan = WorkPlan(recipe.to_pipeline())
     reference = global_hashes(recipe, 1, 8, num_workers=0, plan=plan)
     assert global_hashes(recipe, 4, 8, num_workers=workers, runner=runner, plan=plan) == reference
 
@@ -115,7 +115,7 @@ def test_workers_and_runners_change_nothing(make_recipe, runner, workers):
 @pytest.mark.parametrize("runner", ["pool", "process"])
 def test_resume_with_process_workers_on_other_world_size(make_recipe, runner):
     recipe = make_recipe(lanes=16)
-    plan = WorkPlan(recipe)
+    plan = WorkPlan(recipe.to_pipeline())
     reference = global_hashes(recipe, 1, 8, plan=plan)
     assert global_hashes(recipe, 4, 8, num_workers=2, runner=runner, resume_at=4, resume_world_size=2,
                          plan=plan) == reference
@@ -133,7 +133,7 @@ def test_options_stay_elastic(make_recipe, overrides):
         base = make_recipe()
         overrides = {"sources": [{"name": "web", "path": list(base.sources[0].path), "format": "parquet"}]}
     recipe = make_recipe(**overrides)
-    plan = WorkPlan(recipe)
+    plan = WorkPlan(recipe.to_pipeline())
     reference = global_hashes(recipe, 1, 8, plan=plan)
     assert global_hashes(recipe, 8, 8, plan=plan) == reference
     assert global_hashes(recipe, 2, 8, resume_at=3, resume_world_size=16, plan=plan) == reference
@@ -145,7 +145,7 @@ def test_each_tokenizer_kind_is_elastic(make_recipe, hf_tokenizer, tiktoken_file
                 {"kind": "tiktoken", "path": str(tiktoken_file), **tiktoken_options(tiktoken_file)},
                 {"kind": "sentencepiece", "path": str(sp_model)}):
         recipe = make_recipe(tokenizer=tok)
-        plan = WorkPlan(recipe)
+        plan = WorkPlan(recipe.to_pipeline())
         reference = global_hashes(recipe, 1, 6, plan=plan)
         assert global_hashes(recipe, 4, 6, resume_at=2, resume_world_size=16, plan=plan) == reference
         digests[tok["kind"]] = reference[0]
@@ -180,7 +180,7 @@ def _keep_long(text: str) -> bool:
 
 def test_text_hooks_run_on_workers_and_stay_elastic(make_recipe):
     recipe = make_recipe(lanes=8)
-    plan = WorkPlan(recipe)
+    plan = WorkPlan(recipe.to_pipeline())
     plain = global_hashes(recipe, 1, 4, plan=plan)
     one = build_loader(recipe, text_filter=_keep_long)
     filtered = [global_digest([next(one)]) for _ in range(4)]

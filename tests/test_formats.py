@@ -224,7 +224,7 @@ def reference(sp_model, datasets) -> list[str]:
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_format_gives_the_parquet_batches_at_every_world_size(sp_model, datasets, reference, fmt):
     recipe = recipe_over(sp_model, ds(datasets, fmt), fmt)
-    plan = WorkPlan(recipe)
+    plan = WorkPlan(recipe.to_pipeline())
     files = plan.sources[0].files
     assert len(files) == SHARDS and len(plan.sources[0].units) == SHARDS
     assert global_hashes(recipe, 1, STEPS, plan=plan) == reference
@@ -240,10 +240,10 @@ def test_fewer_shards_than_lanes_split_like_parquet_row_groups(sp_model, dataset
     """32 lanes, 16 shards: each shard (Parquet: its one row group; Vortex: its one split) is cut into
     two row ranges planned from metadata, the same ranges in every format."""
     recipe = recipe_over(sp_model, ds(datasets, fmt), fmt, lanes=32)
-    plan = WorkPlan(recipe)
+    plan = WorkPlan(recipe.to_pipeline())
     reference = recipe_over(sp_model, datasets["parquet"], "parquet", lanes=32)
     assert [(u.file, u.start, u.end) for u in plan.sources[0].units] == \
-        [(u.file, u.start, u.end) for u in WorkPlan(reference).sources[0].units]
+        [(u.file, u.start, u.end) for u in WorkPlan(reference.to_pipeline()).sources[0].units]
     assert len(plan.sources[0].units) == 2 * SHARDS
     expected = global_hashes(reference, 1, 4)
     assert global_hashes(recipe, 1, 4, plan=plan) == expected
@@ -254,7 +254,7 @@ def test_fewer_shards_than_lanes_split_like_parquet_row_groups(sp_model, dataset
 @pytest.mark.parametrize("fmt", ["parquet", *FORMATS])
 def test_pretokenized_format_gives_the_text_batches(sp_model, datasets, reference, fmt):
     recipe = recipe_over(sp_model, ds(datasets, fmt), fmt, tokens=True)
-    plan = WorkPlan(recipe)
+    plan = WorkPlan(recipe.to_pipeline())
     assert global_hashes(recipe, 1, STEPS, plan=plan) == reference
     assert global_hashes(recipe, 4, STEPS, plan=plan) == reference
 
@@ -296,9 +296,9 @@ def test_tokens_field_and_text_field_are_exclusive(sp_model, datasets):
 
 def test_wrong_index_kind_names_the_right_format(sp_model, datasets):
     with pytest.raises(SourceError, match="LitData index, not an MDS one: set format = \"litdata\""):
-        WorkPlan(recipe_over(sp_model, ds(datasets, "litdata"), "mds"))
+        WorkPlan(recipe_over(sp_model, ds(datasets, "litdata"), "mds").to_pipeline())
     with pytest.raises(SourceError, match="MDS index, not a LitData one"):
-        WorkPlan(recipe_over(sp_model, ds(datasets, "mds"), "litdata"))
+        WorkPlan(recipe_over(sp_model, ds(datasets, "mds"), "litdata").to_pipeline())
 
 
 # -- bad input --------------------------------------------------------------------------------------
@@ -465,7 +465,7 @@ def test_merged_mds_index_lists_the_same_shards(sp_model, datasets, tmp_path, re
     merged = json.loads((root / "index.json").read_text())
     assert len(merged["shards"]) == SHARDS and "/" in merged["shards"][0]["raw_data"]["basename"]
     recipe = recipe_over(sp_model, root, "mds")
-    plan = WorkPlan(recipe)
+    plan = WorkPlan(recipe.to_pipeline())
     assert [os.path.relpath(f, root) for f in plan.sources[0].files] == \
         [os.path.relpath(str(p), root) for p in sorted(root.glob("chunk-*/shard.00000.mds"))]
     assert global_hashes(recipe, 4, STEPS, plan=plan) == reference

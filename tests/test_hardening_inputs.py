@@ -228,7 +228,7 @@ def test_parquet_oversize_policies_through_the_recipe(tmp_path, sp_model, text_t
     pq.write_table(pa.table({"text": pa.array(texts, text_type)}), path, row_group_size=4)
     r = recipe(sp_model, [{"name": "web", "path": str(path), "format": "parquet"}],
                read={"max_doc_bytes": limit, "oversize": policy, "chunk_rows": 3})
-    reader = WorkPlan(r).sources[0].reader
+    reader = WorkPlan(r.to_pipeline()).sources[0].reader
     if policy == "error":
         with pytest.raises(SourceError) as info:
             all_records(reader, str(path))
@@ -252,7 +252,7 @@ def test_whitespace_only_records_are_skipped_and_counted_not_eos_documents(tmp_p
     texts = ["alpha beta", BLANKS[0], "gamma", BLANKS[1], BLANKS[2], "delta epsilon", BLANKS[3]]
     raw = write_jsonl(tmp_path / "d.jsonl", texts)
     r = recipe(sp_model, [{"name": "d", "path": str(tmp_path / "d.jsonl"), "format": "jsonl"}], lanes=1)
-    plan = WorkPlan(r)
+    plan = WorkPlan(r.to_pipeline())
     task = next(plan.sources[0].chunk_tasks(0, 0, -1))
     assert (task.start, task.end) == (0, len(raw))
     out = r.to_pipeline().compile(plan).stages.run(0, 0, task)  # the stateless work of one chunk
@@ -313,12 +313,12 @@ def test_tokenize_checks_every_field_value_whatever_its_type(sp_model, values, e
                   raw_records=n)
     op = Tokenize(TokenizerSpec(kind="sentencepiece", path=str(sp_model)))
     if expect is None:
-        out = op.apply(chunk)
+        out = op._apply_chunk(chunk)
         kept = [v for v in values if v.strip()]
         assert out.n == len(kept) and out.counts.get("blank_records", 0) == n - len(kept)
         return
     with pytest.raises(SourceError, match=expect) as exc:
-        op.apply(chunk)
+        op._apply_chunk(chunk)
     assert "mem.jsonl" in str(exc.value)
 
 
@@ -331,7 +331,7 @@ def test_a_source_that_starts_with_blank_records_still_runs_and_counts_them(tmp_
     write_jsonl(folder / "b.jsonl", [doc(k) for k in range(300)])
     r = recipe(sp_model, [{"name": "d", "path": str(folder), "format": "jsonl"}], lanes=2, flush_every=1,
                read={"chunk_bytes": 1024, "unit_bytes": 1 << 20})
-    plan = WorkPlan(r)
+    plan = WorkPlan(r.to_pipeline())
     assert plan.sources[0].files[plan.sources[0].units[0].file].endswith("a.jsonl")
     loader = build_loader(r, rank=0, world_size=1, plan=plan)
     for _ in range(400):  # until the whitespace file and the text file have both been read once

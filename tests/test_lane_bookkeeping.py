@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 
 from zephon import build_loader
-from zephon.ops.mix import Mix
+from zephon.ops.mix import Mixer
 from zephon.records import IGNORE, INPUT_IDS
 
 
@@ -19,7 +19,7 @@ from zephon.records import IGNORE, INPUT_IDS
 def test_decided_step_and_counters_equal_the_per_document_computation(make_recipe, monkeypatch, flush_every):
     eager_steps: dict[int, int] = {}  # id(clock) -> max step over its decisions, computed per decision
     eager_counts: dict[int, dict[str, int]] = {}  # id(counters) -> docs, pieces, tokens of pushed documents
-    real_next, real_push = Mix.next_source, Mix.push_from
+    real_next, real_push = Mixer.next_source, Mixer.push_from
 
     def next_source(self):
         if self.clock is not None:
@@ -33,8 +33,8 @@ def test_decided_step_and_counters_equal_the_per_document_computation(make_recip
         c["tokens"] += len(record[INPUT_IDS])
         return real_push(self, record, source)
 
-    monkeypatch.setattr(Mix, "next_source", next_source)
-    monkeypatch.setattr(Mix, "push_from", push_from)
+    monkeypatch.setattr(Mixer, "next_source", next_source)
+    monkeypatch.setattr(Mixer, "push_from", push_from)
     recipe = make_recipe(lanes=4, flush_every=flush_every, flush_by="chunks", split={"max_doc_tokens": 24})
     loader = build_loader(recipe, rank=0, world_size=1)
     it = iter(loader)

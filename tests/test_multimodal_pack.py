@@ -21,7 +21,7 @@ from zephon import SourceError
 from zephon.engine.nodes import AccumulatorNode
 from zephon.ops.base import LaneContext
 from zephon.ops.image_layout import ImageLimits, ImageTooLarge, cut_points, piece, safe_cut
-from zephon.ops.pack import Pack
+from zephon.ops.pack import Packer
 from zephon.errors import StateError
 from zephon.ops.split import Split
 from zephon.records import IGNORE, Chunk, Doc, Flush, Row, columns_from_records
@@ -89,8 +89,8 @@ def build(segments: list[list[list[Any]]]) -> tuple[list[Any], list[Doc]]:
 
 def split_items(items: list[Any], max_tokens: int, limits: ImageLimits) -> list[Any]:
     sp = Split(max_tokens)
-    sp.token_names, sp.limits = tuple(FIELDS), limits
-    return [x for item in items for x in ([item] if isinstance(item, Flush) else sp.apply_records([item]))]
+    sp._token_names, sp._limits = tuple(FIELDS), limits
+    return [x for item in items for x in ([item] if isinstance(item, Flush) else sp._apply_records([item]))]
 
 
 def run(acc: Any, items: list[Any]) -> list[Any]:
@@ -156,7 +156,7 @@ def test_packing_loses_and_duplicates_no_token_or_image_and_respects_limits(segm
                                                                            limits):
     items, docs = build(segments)
     fed = items if algorithm == "wrap" else split_items(items, seq_len, limits)
-    out = run(Pack(LaneContext(0, 0), seq_len, algorithm, max_bins, FIELDS, limits), fed)
+    out = run(Packer(LaneContext(0, 0), seq_len, algorithm, max_bins, FIELDS, limits), fed)
     check_rows([x for x in out if isinstance(x, Row)], docs, limits, seq_len)
 
 
@@ -171,7 +171,7 @@ def test_packer_with_images_after_a_flush_equals_a_fresh_packer_given_the_carry(
     fed = items if algorithm == "wrap" else split_items(items, seq_len, limits)
 
     def make(segment: int, carry: int) -> Pack:
-        return Pack(LaneContext(3, lane, segment, carry=carry), seq_len, algorithm, max_bins, FIELDS, limits)
+        return Packer(LaneContext(3, lane, segment, carry=carry), seq_len, algorithm, max_bins, FIELDS, limits)
 
     whole = run(make(0, 0), fed)
     outs = [(i, x) for i, x in enumerate(whole) if isinstance(x, Flush)]
@@ -192,7 +192,7 @@ def test_a_flush_pads_a_row_only_where_an_image_would_be_cut(segments, seq_len, 
     text, is not the images' cost)."""
     items, docs = build([seg + [[seq_len]] for seg in segments])
     fed = items if algorithm == "wrap" else split_items(items, seq_len, ImageLimits())
-    out = run(Pack(LaneContext(0, 0), seq_len, algorithm, max_bins, FIELDS), fed)
+    out = run(Packer(LaneContext(0, 0), seq_len, algorithm, max_bins, FIELDS), fed)
     rows = [x for x in out if isinstance(x, Row)]
     longest = max([int(s[3] - s[0]) for d in docs for s in d.get("image_spans", ())] + [1])
     for k, r in enumerate(rows):
@@ -205,7 +205,7 @@ def test_text_only_rows_keep_a_free_flush():
     the held row up costs no padding."""
     s = Stream()
     items = [s.doc([5]), s.doc([7]), s.doc([6]), Flush(1, ()), s.doc([9]), s.doc([9]), Flush(2, ())]
-    out = run(Pack(LaneContext(0, 0), 8, "best_fit", 3, FIELDS), split_items(items, 8, ImageLimits()))
+    out = run(Packer(LaneContext(0, 0), 8, "best_fit", 3, FIELDS), split_items(items, 8, ImageLimits()))
     rows = [x for x in out if isinstance(x, Row)]
     assert sum(r.free for r in rows[:-1]) == 0 and [x.carry for x in out if isinstance(x, Flush)][0] > 0
 
@@ -214,7 +214,7 @@ def test_worked_example_of_the_packer_docstring():
     s = Stream()
     d1, d2, text = s.doc([(1, 2), 2]), s.doc([(1, 1), 1]), s.doc([4])
     assert [len(d["input_ids"]) for d in (d1, d2, text)] == [6, 4, 4]
-    pack = Pack(LaneContext(0, 0), 10, "best_fit", 4, FIELDS, ImageLimits(max_images=1))
+    pack = Packer(LaneContext(0, 0), 10, "best_fit", 4, FIELDS, ImageLimits(max_images=1))
     assert list(pack.push(d1)) == [] and list(pack.push(d2)) == []
     assert len(pack._bins) == 2  # doc 2 fits A's tokens, not its image limit  # noqa: SLF001
     (row,) = pack.push(text)
@@ -250,9 +250,9 @@ def test_split_of_a_chunk_equals_split_of_its_records(docs, max_tokens, limits):
     s = Stream()
     records = [s.doc(p) for p in docs]
     sp = Split(max_tokens)
-    sp.token_names, sp.limits = tuple(FIELDS), limits
+    sp._token_names, sp._limits = tuple(FIELDS), limits
     try:
-        per_record = [sp.apply_records([r.copy()]) for r in records]
+        per_record = [sp._apply_records([r.copy()]) for r in records]
     except SourceError:
         return
     by_record = [x for pieces in per_record for x in pieces]
@@ -260,7 +260,7 @@ def test_split_of_a_chunk_equals_split_of_its_records(docs, max_tokens, limits):
     n = len(records)
     chunk = Chunk(0, 0, True, 0, n, "mem", columns, np.arange(1, n + 1, dtype=np.int64), np.zeros(n, np.int64),
                   token_fields=tf, offsets=offsets)
-    out = sp.apply(chunk)
+    out = sp._apply_chunk(chunk)
     pieces = list(out.docs())
     assert len(pieces) == len(by_record)
     for a, b in zip(pieces, by_record):
@@ -280,20 +280,20 @@ def test_an_image_larger_than_a_row_is_an_error_that_names_the_fix():
     s = Stream()
     doc = s.doc([2, (3, 3), 2])  # 11 tokens with its delimiters
     sp = Split(8)
-    sp.token_names = tuple(FIELDS)
+    sp._token_names = tuple(FIELDS)
     with pytest.raises(SourceError, match="lower decode_images|Lower decode_images"):
-        sp.apply_records([doc])
+        sp._apply_records([doc])
     with pytest.raises(ImageTooLarge):
-        run(Pack(LaneContext(0, 0), 8, "wrap", 1, FIELDS), [doc])
+        run(Packer(LaneContext(0, 0), 8, "wrap", 1, FIELDS), [doc])
     with pytest.raises(ImageTooLarge, match="max_patches_per_row"):
-        run(Pack(LaneContext(0, 0), 64, "best_fit", 2, FIELDS, ImageLimits(max_patches=20)), [doc])
+        run(Packer(LaneContext(0, 0), 64, "best_fit", 2, FIELDS, ImageLimits(max_patches=20)), [doc])
 
 
 def test_a_carry_that_ends_inside_an_image_is_refused():
     s = Stream()
     doc = s.doc([2, (2, 2), 3])
     with pytest.raises(StateError, match="inside an image"):
-        run(Pack(LaneContext(0, 0, carry=4), 16, "best_fit", 2, FIELDS), [doc])
+        run(Packer(LaneContext(0, 0, carry=4), 16, "best_fit", 2, FIELDS), [doc])
 
 
 class RowsAsRecords:
@@ -319,5 +319,5 @@ def test_the_packer_with_images_passes_the_public_accumulator_check(algorithm):
     s = Stream()
     records = split_items([s.doc([3, (1, 2), 2]), s.doc([(2, 2)]), s.doc([5]), s.doc([(1, 1), 4, (1, 3)]),
                            s.doc([9]), s.doc([(2, 1), 1])] * 2, 16, ImageLimits(2, 40))
-    check_accumulator(lambda ctx: RowsAsRecords(Pack(ctx, 16, algorithm, 3, FIELDS, ImageLimits(2, 40))), records,
+    check_accumulator(lambda ctx: RowsAsRecords(Packer(ctx, 16, algorithm, 3, FIELDS, ImageLimits(2, 40))), records,
                       max_examples=30)

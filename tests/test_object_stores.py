@@ -86,7 +86,7 @@ def recipe_dict(corpus, sp_model, store: Store | None = None, prefix: str = "cor
 def run(recipe, world_size: int, steps: int, state: dict | None = None, **kw) -> tuple[list[str], dict, list]:
     """Global-batch digests of ``steps`` steps on ``world_size`` ranks (from ``state``), the merged state
     after them, and the loaders' metrics."""
-    plan = WorkPlan(recipe) if kw.get("runner", "thread") == "thread" else None
+    plan = WorkPlan(recipe.to_pipeline()) if kw.get("runner", "thread") == "thread" else None
     loaders = [build_loader(recipe, rank=r, world_size=world_size, plan=plan, **kw) for r in range(world_size)]
     try:
         if state is not None:
@@ -125,7 +125,7 @@ def reference(corpus, sp_model):
 def test_store_gives_the_local_batches_at_every_world_size_and_resume(servers, corpus, sp_model, reference, name):
     store = servers(name)
     recipe = recipe_from_dict(recipe_dict(corpus, sp_model, store))
-    plan = WorkPlan(recipe)
+    plan = WorkPlan(recipe.to_pipeline())
     assert all(f.startswith(f"{store.scheme}://") for sp in plan.sources for f in sp.files)
     for w in (1, 4):
         digests, _, _ = run(recipe, w, STEPS)
@@ -176,7 +176,7 @@ def test_storage_options_stay_out_of_fingerprint_and_repr(corpus, sp_model, serv
     with pytest.raises(RecipeError, match=r"storage\.retries' must be an integer >= 0"):
         recipe_from_dict(recipe_dict(corpus, sp_model, store, storage={"retries": -1}))
     with pytest.raises(SourceError, match=r"ZEPHON_UNSET_VAR"):
-        WorkPlan(recipe_from_dict(recipe_dict(corpus, sp_model, store, storage_options={"key": "${ZEPHON_UNSET_VAR}"})))
+        WorkPlan(recipe_from_dict(recipe_dict(corpus, sp_model, store, storage_options={"key": "${ZEPHON_UNSET_VAR}"})).to_pipeline())
 
 
 # -- byte ranges -----------------------------------------------------------------------------------------------
@@ -538,4 +538,4 @@ def test_recipe_with_storage_options_rebuilds_its_plan_in_another_process(server
     recipe = recipe_from_dict(recipe_dict(corpus, sp_model, store))
     clone = pickle.loads(pickle.dumps(recipe))
     assert clone.sources[0].storage_options == store.storage_options and clone.storage == recipe.storage
-    assert [sp.files for sp in WorkPlan(clone).sources] == [sp.files for sp in WorkPlan(recipe).sources]
+    assert [sp.files for sp in WorkPlan(clone.to_pipeline()).sources] == [sp.files for sp in WorkPlan(recipe.to_pipeline()).sources]

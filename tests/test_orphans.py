@@ -3,7 +3,7 @@
 A real training script runs in a subprocess with each runner until its first batch is out; every
 process below it (forkserver, resource tracker, workers) is noted, the script is killed with SIGKILL,
 and each of those processes must be gone within :data:`GRACE_S` seconds; lane workers must also die
-with their forkserver. The guard (:mod:`zephon.worker_guard`) is checked on its own too: a worker
+with their forkserver. The guard (:mod:`zephon.engine.worker_guard`) is checked on its own too: a worker
 whose trainer is already gone exits at once, and the polling fallback sees a killed trainer. Processes
 are named by pid *and* start time (``/proc/PID/stat``), so a recycled pid is never mistaken for a
 survivor, nor killed by the clean-up.
@@ -25,8 +25,8 @@ from typing import Iterator
 
 import pytest
 
-from zephon import worker_guard
-from zephon.worker_guard import Trainer
+from zephon.engine import worker_guard
+from zephon.engine.worker_guard import Trainer
 
 from .conftest import base_recipe_dict
 
@@ -205,7 +205,7 @@ def test_lane_workers_die_with_their_forkserver(corpus, sp_model, tmp_path):
 # when it calls exit_with (CLOCK_MONOTONIC is the same in every process), then sleeps.
 GUARDED = """
 import sys, time
-from zephon.worker_guard import Trainer, exit_with
+from zephon.engine.worker_guard import Trainer, exit_with
 print(time.monotonic(), flush=True)
 exit_with(Trainer(int(sys.argv[1]), int(sys.argv[2])))
 time.sleep(float(sys.argv[3]))

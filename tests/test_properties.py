@@ -29,9 +29,9 @@ from zephon.engine.sentinels import FlushPolicy
 from zephon.engine.sources import EmptySourceWatch, SourceStream, StageBuffer, position_of, position_state
 from zephon.engine.stages import drop_delivered
 from zephon.ops.base import LaneContext
-from zephon.ops.mix import Mix, integer_strides
-from zephon.ops.pack import Pack
-from zephon.ops.shuffle import Shuffle
+from zephon.ops.mix import Mixer, integer_strides
+from zephon.ops.pack import Packer
+from zephon.ops.shuffle import ShuffleBuffer
 from zephon.ops.split import Split
 from zephon.records import IGNORE, Chunk, Doc, Flush, Row
 from zephon.testing import check_accumulator
@@ -99,13 +99,13 @@ def after_each_flush(items: list[Any]) -> list[tuple[Flush, list[Any]]]:
 def pieces(items: list[Any], max_len: int, token_fields: tuple[str, ...] = ("input_ids",)) -> list[Any]:
     """Cut documents as ``split`` does: runs of at most ``max_len``, tail = the next token."""
     split = Split(max_len)
-    split.token_names = token_fields  # what the pipeline sets: every per-token field is cut alike
+    split._token_names = token_fields  # what the pipeline sets: every per-token field is cut alike
     out = []
     for item in items:
         if isinstance(item, Flush):
             out.append(item)
             continue
-        out += split.apply_records([item])
+        out += split._apply_records([item])
     return out
 
 
@@ -116,10 +116,10 @@ def run(acc: Any, items: list[Any]) -> list[Any]:
 def operator_factories(seq_len: int, algorithm: str, max_bins: int, buffer: int, lane: int):
     def shuffle(segment, carry):
         assert carry == 0  # only the packer carries tokens over a sentinel
-        return Shuffle(LaneContext(1234, lane, segment), buffer)
+        return ShuffleBuffer(LaneContext(1234, lane, segment), buffer)
 
     def pack(segment, carry):
-        return Pack(LaneContext(1234, lane, segment, carry=carry), seq_len, algorithm, max_bins)
+        return Packer(LaneContext(1234, lane, segment, carry=carry), seq_len, algorithm, max_bins)
 
     return {"shuffle": shuffle, "pack": pack}
 
@@ -149,7 +149,7 @@ def test_operator_after_flush_equals_fresh_operator(segments, seq_len, algorithm
        max_bins=st.integers(1, 6))
 def test_packer_loses_and_duplicates_nothing(segments, seq_len, algorithm, max_bins):
     items, per_segment = stream_with_flushes(segments)
-    out = run(Pack(LaneContext(0, 0), seq_len, algorithm, max_bins), pieces(items, seq_len))
+    out = run(Packer(LaneContext(0, 0), seq_len, algorithm, max_bins), pieces(items, seq_len))
     rows = [r for r in out if not isinstance(r, Flush)]
     packed = np.concatenate([r.tokens[:r.fill] for r in rows]) if rows else np.zeros(0, np.int32)
     expected = np.concatenate([d["input_ids"] for docs in per_segment for d in docs] or [np.zeros(0, np.int32)])
@@ -187,7 +187,7 @@ def test_packer_keeps_every_per_token_field_aligned_and_payloads_with_their_docu
             item["parity"] = (item["input_ids"] % 2).astype(np.int8)
             item["first"] = int(item["input_ids"][0])
     fields = {"input_ids": (np.int32, 0), "parity": (np.int8, 0)}
-    out = run(Pack(LaneContext(0, 0), seq_len, algorithm, 4, fields), pieces(items, seq_len, tuple(fields)))
+    out = run(Packer(LaneContext(0, 0), seq_len, algorithm, 4, fields), pieces(items, seq_len, tuple(fields)))
     for r in (x for x in out if isinstance(x, Row)):
         assert np.array_equal(r.buffers["parity"][:r.fill], r.tokens[:r.fill] % 2)
         at = 0
@@ -200,29 +200,29 @@ def test_packer_keeps_every_per_token_field_aligned_and_payloads_with_their_docu
 def test_packer_refuses_a_carry_longer_than_the_segment():
     items = docs_of([3, 4], 0) + [Flush(1, ())]
     with pytest.raises(StateError, match="sources now hold different data"):
-        run(Pack(LaneContext(0, 0, carry=9), 8, "best_fit", 2), items)
+        run(Packer(LaneContext(0, 0, carry=9), 8, "best_fit", 2), items)
 
 
 @FAST
 @given(segments=segments_st, buffer=st.integers(1, 10), lane=st.integers(0, 7))
 def test_shuffle_is_a_permutation_within_each_segment(segments, buffer, lane):
     items, per_segment = stream_with_flushes(segments)
-    out = split_at_flushes(run(Shuffle(LaneContext(99, lane), buffer), items))
+    out = split_at_flushes(run(ShuffleBuffer(LaneContext(99, lane), buffer), items))
     for docs, got in zip(per_segment, out):
         assert sorted(int(d["input_ids"][0]) for d in got) == sorted(int(d["input_ids"][0]) for d in docs)
 
 
 def test_shuffle_actually_shuffles_and_depends_on_lane():
     docs = docs_of([3] * 200, 0)
-    a = [int(d["input_ids"][0]) for d in run(Shuffle(LaneContext(5, 0), 16), docs + [Flush(1, ())])
+    a = [int(d["input_ids"][0]) for d in run(ShuffleBuffer(LaneContext(5, 0), 16), docs + [Flush(1, ())])
          if not isinstance(d, Flush)]
-    b = [int(d["input_ids"][0]) for d in run(Shuffle(LaneContext(5, 1), 16), docs + [Flush(1, ())])
+    b = [int(d["input_ids"][0]) for d in run(ShuffleBuffer(LaneContext(5, 1), 16), docs + [Flush(1, ())])
          if not isinstance(d, Flush)]
     assert a != sorted(a) and a != b
 
 
 def test_shuffle_passes_the_public_accumulator_check():
-    check_accumulator(lambda ctx: Shuffle(ctx, 5), docs_of(list(range(1, 30)), 0), conserves=True)
+    check_accumulator(lambda ctx: ShuffleBuffer(ctx, 5), docs_of(list(range(1, 30)), 0), conserves=True)
 
 
 # -- the merge alone, on synthetic chunk streams --------------------------------------------------
@@ -250,7 +250,7 @@ class SyntheticChunks(BaseNode):
                       np.arange(self.pos + 1, end + 1, dtype=np.int64), np.zeros(n, dtype=np.int64),
                       token_fields={"input_ids": tokens}, offsets=np.arange(n + 1, dtype=np.int64) * self.doc_len,
                       skip_pending=self.skip)
-        chunk = Split(self.piece_len).apply(chunk) if n else chunk
+        chunk = Split(self.piece_len)._apply_chunk(chunk) if n else chunk
         if chunk.skip_pending:
             chunk = drop_delivered(chunk, f"s{self.source}")
         self.skip = 0
@@ -269,7 +269,7 @@ def make_mixer(specs, weights, by, flush_every, sentinels=0, positions=None, pie
     streams = [SourceStream(s, f"s{s}", SyntheticChunks(s, sizes, doc_len, chunk, piece_len), 0, policy,
                             EmptySourceWatch(f"s{s}", 1000), counters)
                for s, (sizes, doc_len, chunk) in enumerate(specs)]
-    node = MergeNode(lambda ctx: Mix(weights, by), streams, policy, counters, LaneContext(0, 0))
+    node = MergeNode(lambda ctx: Mixer(weights, by), streams, policy, counters, LaneContext(0, 0))
     node.reset(None if positions is None else  # the merge's state at a sentinel: its sources' positions there
                {"sentinels": sentinels, "emitted": 0,
                 "sources": {f"s{s}": position_state(p) for s, p in enumerate(positions)}})
@@ -379,7 +379,7 @@ def test_random_recipes_are_elastic(make_recipe, data):
         tokenizer={"add_bos": data.draw(st.booleans(), "bos")},
     )
     steps = 6
-    plan = WorkPlan(recipe)
+    plan = WorkPlan(recipe.to_pipeline())
     reference = global_hashes(recipe, 1, steps, plan=plan)
     w = data.draw(st.sampled_from(divisors(lanes)), "world")
     w2 = data.draw(st.sampled_from(divisors(lanes)), "resume_world")

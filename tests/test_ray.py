@@ -31,7 +31,7 @@ from tests.optional import require
 from zephon import WorkPlan, build_loader, global_digest, merge_states
 from zephon.engine.ray_executor import RayClusterLost, RayExecutor, RayOptions, connect
 from zephon.engine.ray_local import PORT_CLASH, LocalRayCluster, free_port, port_open, ray_command
-from zephon.loader import as_pipeline
+from zephon.recipe import as_pipeline
 from zephon.errors import OperatorError
 from zephon.records import Chunk
 from zephon.verify import global_hashes
@@ -204,7 +204,7 @@ def test_chunks_travel_out_of_band_as_numpy(cluster, make_recipe):
 @pytest.mark.parametrize("world_size,workers", [(1, 1), (2, 2), (4, 2)])
 def test_ray_tasks_give_the_thread_runners_batches(cluster, make_recipe, world_size, workers):
     recipe = make_recipe(lanes=16, shuffle={"buffer": 4})
-    plan = WorkPlan(recipe)
+    plan = WorkPlan(recipe.to_pipeline())
     reference = global_hashes(recipe, 1, STEPS, num_workers=2, runner="thread", plan=plan)
     assert len(set(reference)) == STEPS
     assert global_hashes(recipe, world_size, STEPS, num_workers=workers, runner="ray", plan=plan) == reference
@@ -213,7 +213,7 @@ def test_ray_tasks_give_the_thread_runners_batches(cluster, make_recipe, world_s
 def test_each_rank_connects_with_its_own_executor(cluster, make_recipe):
     """Two ranks, each its own loader, executor and reservation, given the address explicitly."""
     recipe = make_recipe(lanes=16)
-    reference = global_hashes(recipe, 1, STEPS, plan=WorkPlan(recipe))
+    reference = global_hashes(recipe, 1, STEPS, plan=WorkPlan(recipe.to_pipeline()))
     got, _ = lanes_hashes(recipe, 2, STEPS, "ray", 1, address=cluster.address)
     assert got == reference
 
@@ -221,7 +221,7 @@ def test_each_rank_connects_with_its_own_executor(cluster, make_recipe):
 def test_ray_lane_actors_give_the_thread_runners_batches(cluster, make_recipe):
     """One rank on two actors (through zephon.verify, as `zephon verify` runs it); see the next test for more."""
     recipe = make_recipe(lanes=16, shuffle={"buffer": 4})
-    plan = WorkPlan(recipe)
+    plan = WorkPlan(recipe.to_pipeline())
     reference = global_hashes(recipe, 1, STEPS, plan=plan)
     assert global_hashes(recipe, 1, STEPS, num_workers=2, runner="ray-lanes", plan=plan) == reference
 
@@ -229,7 +229,7 @@ def test_ray_lane_actors_give_the_thread_runners_batches(cluster, make_recipe):
 @pytest.mark.slow
 def test_ray_lane_actors_on_four_ranks(cluster, make_recipe):
     recipe = make_recipe(lanes=16, shuffle={"buffer": 4})
-    reference = global_hashes(recipe, 1, STEPS, plan=WorkPlan(recipe))
+    reference = global_hashes(recipe, 1, STEPS, plan=WorkPlan(recipe.to_pipeline()))
     # 4 ranks x 1 actor share the 2-CPU cluster: each actor reserves half a CPU
     got, _ = lanes_hashes(recipe, 4, STEPS, "ray-lanes", 1, ray_options={"num_cpus": 0.5})
     assert got == reference
@@ -239,7 +239,7 @@ def test_ray_lane_actors_on_four_ranks(cluster, make_recipe):
 def test_resume_from_threads_to_ray_and_back(cluster, make_recipe, middle):
     """thread (4 ranks) -> checkpoint -> Ray (2 ranks) -> checkpoint -> thread (1 rank): one stream."""
     recipe = make_recipe(lanes=16, flush_every=1)
-    reference = global_hashes(recipe, 1, 10, plan=WorkPlan(recipe))
+    reference = global_hashes(recipe, 1, 10, plan=WorkPlan(recipe.to_pipeline()))
     first, state = lanes_hashes(recipe, 4, 3, "thread", 2)
     options = {"ray_options": {"num_cpus": 0.5}} if middle == "ray-lanes" else {}
     second, state = lanes_hashes(recipe, 2, 4, middle, 1, state, **options)
@@ -398,7 +398,7 @@ def test_a_killed_ray_worker_is_retried_and_changes_nothing(cluster, corpus, sp_
 
 def test_a_killed_lane_actor_is_rebuilt_from_its_delivered_state(cluster, make_recipe):
     recipe = make_recipe(lanes=8, flush_every=1)
-    reference = global_hashes(recipe, 1, 8, plan=WorkPlan(recipe))
+    reference = global_hashes(recipe, 1, 8, plan=WorkPlan(recipe.to_pipeline()))
     loader = build_loader(recipe, num_workers=2, runner="ray-lanes")
     try:
         got, docs = [], []  # docs: each lane's count after each step

@@ -354,7 +354,7 @@ def plan_recipe(corpus, sp_model, small_corpus):
 
 @pytest.mark.parametrize("lanes", [1, 3, 16, 64])
 def test_work_plan_deals_one_unit_per_lane_per_block_and_each_unit_once_per_pass(plan_recipe, lanes):
-    plan = WorkPlan(plan_recipe(lanes))
+    plan = WorkPlan(plan_recipe(lanes).to_pipeline())
     if lanes == 64:  # the tiny source has fewer units than lanes
         assert len(plan.sources[2].units) < lanes
     for sp in plan.sources:
@@ -384,7 +384,7 @@ def test_work_plan_deals_one_unit_per_lane_per_block_and_each_unit_once_per_pass
 def test_lane_units_are_closed_form_whatever_the_rank_layout(plan_recipe):
     lanes, depth = 16, 12
     recipe = plan_recipe(lanes)
-    ref_plan = WorkPlan(recipe)
+    ref_plan = WorkPlan(recipe.to_pipeline())
     reference = {(s, lane, i): ref_plan.sources[s].lane_unit(lane, i)
                  for s in range(3) for lane in range(lanes) for i in range(depth)}
     # Any rank of any world size, with its own plan, computes the same units for its lanes, in any order.
@@ -397,10 +397,10 @@ def test_lane_units_are_closed_form_whatever_the_rank_layout(plan_recipe):
                         assert loader.plan.sources[s].lane_unit(lane, i) == reference[(s, lane, i)]
             loader.close()
     # A fresh plan for one lane only, asked out of order, agrees too.
-    fresh = WorkPlan(plan_recipe(lanes))
+    fresh = WorkPlan(plan_recipe(lanes).to_pipeline())
     assert fresh.sources[1].lane_unit(9, 11) == reference[(1, 9, 11)]
     # The seed keys the assignment.
-    other = WorkPlan(plan_recipe(lanes, seed=8))
+    other = WorkPlan(plan_recipe(lanes, seed=8).to_pipeline())
     assert any(other.sources[0].lane_unit(lane, i) != reference[(0, lane, i)]
                for lane in range(lanes) for i in range(depth))
 
@@ -409,13 +409,13 @@ def test_lane_units_do_not_depend_on_the_process(plan_recipe, corpus, sp_model, 
     """Another interpreter with another hash seed computes the same units (no salted hash, no RNG)."""
     data = base_recipe_dict(corpus, {"kind": "sentencepiece", "path": str(sp_model)})
     data["sources"].append({"name": "tiny", "path": str(small_corpus), "format": "parquet"})
-    plan = WorkPlan(recipe_from_dict(data))
+    plan = WorkPlan(recipe_from_dict(data).to_pipeline())
     mine = [[sp.units.index(sp.lane_unit(lane, i)) for lane in range(16) for i in range(5)]
             for sp in plan.sources]
     script = (
         "import json, sys\n"
         "from zephon import WorkPlan, recipe_from_dict\n"
-        "plan = WorkPlan(recipe_from_dict(json.loads(sys.argv[1])))\n"
+        "plan = WorkPlan(recipe_from_dict(json.loads(sys.argv[1])).to_pipeline())\n"
         "print(json.dumps([[sp.units.index(sp.lane_unit(l, i)) for l in range(16) for i in range(5)]"
         " for sp in plan.sources]))\n"
     )

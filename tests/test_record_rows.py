@@ -1,4 +1,4 @@
-"""Pipelines without ``pack()``: a row is one record (zephon/ops/record_rows.py, zephon/collate_records.py).
+"""Pipelines without ``pack()``: a row is one record (zephon/ops/batch.py, zephon/batches/records.py).
 
 Image-caption pairs from real pictures in WebDataset shards (with a zero-byte, a truncated and a
 not-an-image member among them) and Hugging Face-style Parquet, batched as the records are: every
@@ -20,9 +20,9 @@ from hypothesis import strategies as st
 from tests.optional import require
 
 import zephon as z
-from zephon.collate import global_digest
-from zephon.collate_records import CollateError, collate_records
-from zephon.ops.record_rows import RecordRow
+from zephon.batches.packed import global_digest
+from zephon.batches.records import CollateError, collate_records
+from zephon.ops.batch import RecordRow
 from zephon.errors import PipelineError
 from zephon.verify import global_hashes
 

@@ -121,6 +121,6 @@ def test_split_of_whole_records_resumes_as_the_rule(start, steps, max_tokens):
 
     counts, _ = piece_bounds(offsets, max_tokens)
     want = expand_reference(chunk(), counts)
-    got = Split(max_tokens).apply(chunk())
+    got = Split(max_tokens)._apply_chunk(chunk())
     assert got.resume_cursor.tolist() == want[0].tolist() and got.resume_skip.tolist() == want[1].tolist()
     assert got.resume_cursor.dtype == got.resume_skip.dtype == np.int64

@@ -418,7 +418,7 @@ def recipe_dict(sp_model, source: dict) -> dict:
 def test_recipes_name_the_new_formats_split_and_config(data, sp_model, tok, tmp_path):
     recipe = recipe_from_dict(recipe_dict(sp_model, {"path": str(data["hf"]), "format": "hf", "split": "test"}))
     assert recipe.sources[0].split == "test"
-    plan = WorkPlan(recipe)
+    plan = WorkPlan(recipe.to_pipeline())
     assert plan.sources[0].files == [str(data["hf"] / "test" / "data-00000-of-00001.arrow")]
     # the builder's spelling is the same graph (split "train" written or not)
     train = recipe_from_dict(recipe_dict(sp_model, {"path": str(data["hf"]), "format": "hf"}))
@@ -426,7 +426,7 @@ def test_recipes_name_the_new_formats_split_and_config(data, sp_model, tok, tmp_
     assert train.to_pipeline().fingerprint != recipe.to_pipeline().fingerprint
     lance_recipe = recipe_from_dict(recipe_dict(sp_model, {"path": str(data["lance"]), "format": "lance",
                                                            "tokens_field": "input_ids"}))
-    assert len(WorkPlan(lance_recipe).sources[0].units) == SHARDS
+    assert len(WorkPlan(lance_recipe.to_pipeline()).sources[0].units) == SHARDS
     text = pipeline(z.read.hf(str(data["hf"]), split="test", chunk_rows=4), tok).to_recipe()
     assert 'split = "test"' in text and 'format = "hf"' in text
     (tmp_path / "r.toml").write_text(text)

@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 
 import zephon as z
 from zephon import global_digest, merge_states
-from zephon.ops.mix import Mix
+from zephon.ops.mix import Mixer
 
 from .test_vision_batches import IDS, data as vl_data, vl_tok  # noqa: F401 - the vision tests' fixtures
 
@@ -58,17 +58,17 @@ def make_pipeline(texts, tok, *, lanes, rows, seq_len, shuffle, flush_every, alg
 def recorded_decisions():
     """Every document a mixer takes: (id of its lane's clock, rows the lane had completed, source index)."""
     taken: list[tuple[int, int, int]] = []
-    real = Mix.push_from
+    real = Mixer.push_from
 
     def push_from(self, record, source):
         taken.append((id(self.clock), self.clock.rows, source))
         return real(self, record, source)
 
-    Mix.push_from = push_from
+    Mixer.push_from = push_from
     try:
         yield taken
     finally:
-        Mix.push_from = real
+        Mixer.push_from = real
 
 
 def run(pipe, steps: int, world: int = 1, call_at: int | None = None, at_step: int = 0, weights=WEB_OFF,

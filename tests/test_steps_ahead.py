@@ -327,7 +327,7 @@ def test_metrics_and_state_before_the_first_step(pipe):
 
 
 def test_an_executor_shared_by_loaders_keeps_them_on_the_callers_thread(pipe):
-    from zephon.engine.executors import make_executor
+    from zephon.engine.runners import make_executor
 
     program = pipe.compile()
     executor = make_executor("thread", program.stages, 2)

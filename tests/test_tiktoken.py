@@ -128,7 +128,7 @@ def test_a_tiktoken_encoding_file_gets_tiktokens_own_definition(name, as_encodin
     # The tokenize operator (the batched call of a run) gives the same ids.
     n = len(texts)
     chunk = Chunk(0, 0, True, 0, n, "mem", {"text": list(texts)}, np.arange(1, n + 1), np.zeros(n, np.int64))
-    out = Tokenize(TokenizerSpec("tiktoken", str(tiktoken_file))).apply(chunk)
+    out = Tokenize(TokenizerSpec("tiktoken", str(tiktoken_file)))._apply_chunk(chunk)
     assert np.array_equal(out.token_fields[INPUT_IDS], tokens) and np.array_equal(out.offsets, offsets)
 
 

@@ -358,7 +358,7 @@ def test_hostile_index_entries_are_refused_when_planning(sp_model, mds_ds, litda
         key, value = ("filename", "../outside/chunk-0-0.bin") if what == "outside" else ("chunk_size", 10 ** 12)
         index = edit_index(root, lambda d: d["chunks"][0].__setitem__(key, value))
     with pytest.raises(SourceError) as info:
-        WorkPlan(recipe_for(sp_model, root, fmt, "text"))
+        WorkPlan(recipe_for(sp_model, root, fmt, "text").to_pipeline())
     assert str(index) in str(info.value), info.value
 
 
@@ -421,7 +421,7 @@ def _store_recipe(corpus, sp_model, store, cache_dir: Path | None):
 
 
 def _digests(recipe, world: int, steps: int) -> list[str]:
-    plan = WorkPlan(recipe)
+    plan = WorkPlan(recipe.to_pipeline())
     loaders = [build_loader(recipe, rank=r, world_size=world, plan=plan) for r in range(world)]
     try:
         return [global_digest([next(ld) for ld in loaders]) for _ in range(steps)]

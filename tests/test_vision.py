@@ -26,8 +26,8 @@ import zephon as z
 from zephon import SourceError
 from zephon.imaging import (BadImage, ImageSpec, crop_box, decode_image, jpeg_orientation, orient, patchify,
                             smart_resize)
-from zephon.ops.image import DecodeImages
-from zephon.ops.image_tokens import TokenizeImages
+from zephon.ops.decode_images import DecodeImages
+from zephon.ops.tokenize_images import TokenizeImages
 from zephon.records import Chunk
 from zephon.verify import global_hashes
 
@@ -289,10 +289,10 @@ def test_every_bad_image_under_every_policy(photo, decoder, tmp_path):
             chunk = chunk_of({"image": [good, value, good], "caption": ["a", "b", "c"]}, str(tmp_path / "x.tar"))
             if policy == "raise":
                 with pytest.raises(SourceError, match=f"bad image \\({reason}") as err:
-                    op.apply(chunk)
+                    op._apply_chunk(chunk)
                 assert "x.tar" in str(err.value) and "record 1" in str(err.value)
                 continue
-            out = op.apply(chunk)
+            out = op._apply_chunk(chunk)
             assert out.counts["skipped_images"] == 1 and out.counts[f"skipped_images.{reason}"] == 1, name
             if policy == "skip":  # the record keeps its place and its text, without the image
                 assert out.columns["caption"] == ["a", "b", "c"]
@@ -322,13 +322,13 @@ def test_small_pixel_limit_and_paths(photo, tmp_path):
 
 # -- image tokens ----------------------------------------------------------------------------------------
 def test_worked_example_of_the_contract(vl_tok, photo):
-    """The example in zephon/ops/image.py, with this tokenizer's ids for the text pieces."""
+    """The example in zephon/ops/decode_images.py, with this tokenizer's ids for the text pieces."""
     tok = z.load_tokenizer(vl_tok)
     dec = DecodeImages("image", max_pixels=56 * 56, patch_size=14, merge=2)
     ti = TokenizeImages(vl_tok, "caption", image_start="<|vision_start|>", image_pad="<|image_pad|>",
                         image_end="<|vision_end|>", merge=2)
     chunk = chunk_of({"image": [encode(photo.resize((100, 60)))], "caption": ["a red <image> kite"]})
-    out = ti.apply(dec.apply(chunk))
+    out = ti._apply_chunk(dec.apply(chunk))
     (imgs,), (grids,) = out.columns["images"], out.columns["image_grid_thw"]
     assert grids == [(1, 2, 4)] and imgs[0].shape == (8, 588) and imgs[0].dtype == np.uint8
     start, pad, end = (tok.token_id(t) for t in ("<|vision_start|>", "<|image_pad|>", "<|vision_end|>"))
@@ -351,7 +351,7 @@ def test_image_token_counts_and_layouts(vl_tok, photo):
         chunk = chunk_of({"image": [[a, b], [a], [a, b], [b"broken", b], [a], [None]],
                           "text": ["x <image> y <image> z", "caption only", "<image> one <image> two <image>",
                                    "bad <image> good <image>", None, ""]})
-        out = ti.apply(dec.apply(chunk))
+        out = ti._apply_chunk(dec.apply(chunk))
         assert out.counts["unmatched_placeholders"] == 1 and out.counts["skipped_images"] == 1
         assert out.counts["blank_records"] == 1  # the last record: no text, and no image (None: none there)
         ids, offs = out.token_fields["input_ids"], out.offsets
@@ -367,11 +367,11 @@ def test_image_token_counts_and_layouts(vl_tok, photo):
         n = first.count(pad)
         assert first[:n] == [pad] * n and pad not in first[n:]
     after = TokenizeImages(vl_tok, "text", image_pad=pad, unplaced_images="after")
-    out = after.apply(DecodeImages("image", max_pixels=84 * 84).apply(chunk_of({"image": [a], "text": ["cap"]})))
+    out = after._apply_chunk(DecodeImages("image", max_pixels=84 * 84)._apply_chunk(chunk_of({"image": [a], "text": ["cap"]})))
     doc = out.token_fields["input_ids"].tolist()
     assert doc[-2] == pad and doc[0] != pad  # EOS last, the image just before it
     assert TokenizeImages(vl_tok, "text", image_pad=pad, loss_on_images=True).apply(
-        DecodeImages("image", max_pixels=84 * 84).apply(chunk_of({"image": [a], "text": ["c"]}))
+        DecodeImages("image", max_pixels=84 * 84)._apply_chunk(chunk_of({"image": [a], "text": ["c"]}))
     ).token_fields["loss_mask"].all()
 
 
@@ -382,7 +382,7 @@ def test_interleaved_documents_keep_their_order(vl_tok, photo):
     dec = DecodeImages("images", max_pixels=56 * 56, merge=2)
     ti = TokenizeImages(vl_tok, "texts", image_start=s, image_pad=p, image_end=e, merge=2)
     chunk = chunk_of({"texts": [["one", None, "two", None]], "images": [[None, a, None, b"broken"]]})
-    out = ti.apply(dec.apply(chunk))
+    out = ti._apply_chunk(dec.apply(chunk))
     flat, lengths = tok.encode_plain(["one", "two"])
     one, two = flat[:lengths[0]].tolist(), flat[lengths[0]:].tolist()
     assert out.token_fields["input_ids"].tolist() == one + [s, p, p, p, p, e] + two + [tok.eos_id]
@@ -400,7 +400,7 @@ def test_operator_errors_name_the_fix(vl_tok):
     with pytest.raises(SourceError, match="not a token"):
         ti.image_ids  # noqa: B018 - the property resolves the ids
     with pytest.raises(SourceError, match="put .decode_images"):
-        TokenizeImages(vl_tok, image_pad=3).apply(chunk_of({"text": ["x"]}))
+        TokenizeImages(vl_tok, image_pad=3)._apply_chunk(chunk_of({"text": ["x"]}))
 
 
 # -- pipelines -------------------------------------------------------------------------------------------

@@ -21,8 +21,8 @@ import torch
 from tests.optional import require
 
 import zephon as z
-from zephon.collate import global_digest
-from zephon.collate_images import mrope_positions, normalize, unpatchify
+from zephon.batches.packed import global_digest
+from zephon.batches.images import mrope_positions, normalize, unpatchify
 from zephon.imaging import patchify
 from zephon.verify import global_hashes
 
@@ -189,7 +189,7 @@ def test_mrope_positions_equal_transformers_get_rope_index_document_by_document(
 
 def test_mrope_worked_example_and_merge_one():
     """The module docstring's row, and images of merge 1 next to each other, against transformers."""
-    from zephon.collate_images import _Placed
+    from zephon.batches.images import _Placed
 
     ids = torch.tensor([[9, 1, 5, 5, 5, 5, 2, 9]])
     placed = _Placed(np.array([0]), np.array([2]), np.array([4]), np.array([[1, 4, 4]]), [])

@@ -61,7 +61,7 @@ def read_all(read: z.read.ReadSpec) -> dict[str, list]:
 
     from zephon.plan import WorkPlan
 
-    src = WorkPlan.from_pipeline(z.Pipeline(seed=0, lanes=1).source("s", read)).sources[0]
+    src = WorkPlan(z.Pipeline(seed=0, lanes=1).source("s", read)).sources[0]
     reader = make_reader("s", read, fsspec.filesystem("file"))
     out: dict[str, list] = {}
     for path in src.files:

@@ -12,24 +12,21 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 
 from torchdata.nodes import BaseNode
 
-from .batch_buffers import UNPOOLED, BatchBuffers
-from .collate import collate
-from .collate_records import collate_records
-from .compile import CompiledPipeline
+from .batches.buffers import UNPOOLED, BatchBuffers
+from .batches.packed import collate
+from .batches.records import collate_records
 from .engine.counters import LaneCounters
-from .engine.executors import EXECUTOR_KINDS, Executor, make_executor
+from .engine.executors import Executor
 from .engine.hosts import LocalLanes, ProcessLanes
+from .engine.runners import make_executor, make_host, runner_named
 from .engine.steps_ahead import StepsAhead
 from .engine.lane import lane_depth
 from .engine.tokenizer_pool import uses_hf_tokenizer
-from .pipeline import Pipeline
-from .recipe import Recipe, load_recipe
+from .graph.program import CompiledPipeline
 from .state.checkpoint import STATE_FORMAT, STATE_VERSION, check_compatible, check_container, seal, unwrap_state
 from .state.lane import LaneState
 from .errors import StateError
 
-RUNNERS = ("thread", "pool", "process", "ray", "ray-lanes")
-_RUNNER_KIND = {"thread": "thread", "pool": "process"}  # the executor kind behind each chunk runner
 STEPS_AHEAD = 2  # steps the lanes compute before the trainer asks, where default_steps_ahead() says so
 
 
@@ -60,17 +57,16 @@ def lanes_of_rank(lanes: int, rank: int, world_size: int) -> range:
     return range(rank * per, (rank + 1) * per)
 
 
-def as_pipeline(source: Pipeline | Recipe | str, text_map: Callable | None = None,
-                text_filter: Callable | None = None) -> Pipeline:
-    """A pipeline from a pipeline, a recipe or a recipe path (``text_map``/``text_filter``: legacy hooks)."""
+def pipeline_of(source: Any, text_map: Callable | None = None, text_filter: Callable | None = None) -> Any:
+    """The pipeline a loader is built from: a :class:`~zephon.Pipeline`, or a :class:`~zephon.recipe.Recipe` (it
+    converts itself: ``to_pipeline``; ``text_map``/``text_filter``, a classic recipe's text hooks)."""
     if isinstance(source, str):
-        source = load_recipe(source)
-    if isinstance(source, Recipe):
-        from .recipe_steps import recipe_to_pipeline
-
-        return recipe_to_pipeline(source, text_map, text_filter)
-    if not isinstance(source, Pipeline):
-        raise TypeError(f"build_loader needs a zephon.Pipeline, a Recipe or a recipe path, got {source!r}")
+        raise TypeError(f"build_loader takes a zephon.Pipeline or a Recipe; for a recipe file, pass "
+                        f"zephon.load_recipe({source!r})")
+    if callable(getattr(source, "to_pipeline", None)):  # a Recipe
+        return source.to_pipeline(text_map, text_filter)
+    if not callable(getattr(source, "compile", None)):
+        raise TypeError(f"build_loader needs a zephon.Pipeline or a Recipe, got {source!r}")
     if text_map is not None or text_filter is not None:
         raise ValueError("text_map/text_filter are for recipes; with a pipeline use .map_field() / .filter_field()")
     return source
@@ -100,16 +96,15 @@ class ZephonLoader:
     Iteration is endless (sources repeat in new pass orders) unless ``max_steps`` is given.
     """
 
-    def __init__(self, pipeline: Pipeline | Recipe, rank: int, world_size: int, num_workers: int = 0,
+    def __init__(self, pipeline: Any, rank: int, world_size: int, num_workers: int = 0,
                  runner: str | Executor = "thread", prefetch: int | None = None, max_steps: int | None = None,
                  program: CompiledPipeline | None = None, text_map: Callable | None = None,
                  text_filter: Callable | None = None, plan: Any = None, group: Any = None,
                  address: str | None = None, ray_options: Mapping[str, Any] | None = None,
                  reuse_batch_memory: bool = True, steps_ahead: int | None = None) -> None:
-        self.recipe = pipeline
         self.group = group  # the data-parallel process group (finite sources: the ranks agree on the end)
-        self._ended = False  # what it was built from (a Recipe or a Pipeline): plugins read seq_len etc.
-        self.pipeline = as_pipeline(pipeline, text_map, text_filter)
+        self._ended = False
+        self.pipeline = pipeline_of(pipeline, text_map, text_filter)  # plugins read its seq_len and operators
         self.rank, self.world_size = rank, world_size
         self.lanes = lanes_of_rank(self.pipeline.lanes, rank, world_size)
         self.program: CompiledPipeline = program or self.pipeline.compile(plan)
@@ -129,22 +124,13 @@ class ZephonLoader:
         if not isinstance(runner, str):  # an executor shared by several loaders (zephon.verify)
             self._default_kind, self._executors[runner.kind] = runner.kind, runner
             self._own_executors = False
-            depth = prefetch or lane_depth(runner.num_workers, bursty)
-            self._host: LocalLanes | ProcessLanes | StepsAhead = LocalLanes(self.program, self.lanes,
-                                                                            self._executor_for, depth, self.events)
-        elif runner == "process" and num_workers > 0:
-            self._host = ProcessLanes(self.pipeline, self.program, self.lanes, num_workers, prefetch or 4, self.events)
-        elif runner == "ray-lanes" and num_workers > 0:
-            from .engine.ray_lanes import RayLanes
-
-            self._host = RayLanes(self.pipeline, self.program, self.lanes, num_workers, prefetch or 4, self.events,
-                                  **self._ray)
-        elif runner in RUNNERS or runner in EXECUTOR_KINDS:
-            self._default_kind = _RUNNER_KIND.get(runner, runner) if num_workers else "inline"
-            depth = prefetch or lane_depth(num_workers, bursty)
-            self._host = LocalLanes(self.program, self.lanes, self._executor_for, depth, self.events)
+            self._host: Any = LocalLanes(self.program, self.lanes, self._executor_for,
+                                         prefetch or lane_depth(runner.num_workers, bursty), self.events)
         else:
-            raise ValueError(f"runner must be one of {RUNNERS} (or a zephon executor), got {runner!r}")
+            spec = runner_named(runner)
+            self._default_kind = spec.stages if num_workers else "inline"
+            self._host = make_host(spec, self.pipeline, self.program, self.lanes, num_workers, prefetch, self.events,
+                                   self._executor_for, prefetch or lane_depth(num_workers, bursty), self._ray)
         if isinstance(self._host, LocalLanes) and self._own_executors:  # start (and check) them now, not lazily
             for s, kinds in enumerate(self.program.stage_kinds):
                 for k in range(len(kinds)):
@@ -425,7 +411,7 @@ class ZephonLoader:
             "mixture_recent_share": _shares(_recent(per_lane.values())),
             "lanes": {lane: {"sentinels": states[lane]["sentinels"], "units": c.units} for lane, c in per_lane.items()},
             # large batch tensors written into an earlier batch's released memory, or into new memory (a
-            # trainer that keeps batches makes the pool allocate: zephon/batch_buffers.py)
+            # trainer that keeps batches makes the pool allocate: zephon/batches/buffers.py)
             "batch_memory": {"reused": self._buffers.reused, "allocated": self._buffers.allocated},
         }
 
@@ -433,9 +419,7 @@ class ZephonLoader:
         """The weights in force at ``step`` (schedule, then interventions), normalised."""
         from .ops.schedule import weights_in_force
 
-        mix = self.program.summary["mix"]
-        schedule = self.program.schedule
-        w = weights_in_force(schedule, mix["weights"], self.events, step)
+        w = weights_in_force(self.program.schedule, self.program.weights, self.events, step)
         return _shares(w)
 
     def close(self) -> None:
@@ -523,14 +507,15 @@ def _same_on_every_rank(event: tuple[int, dict], group: Any) -> None:
                              f"broadcast, then call set_mixture everywhere).")
 
 
-def build_loader(pipeline: Pipeline | Recipe | str, rank: int | None = None, world_size: int | None = None,
+def build_loader(pipeline: Any, rank: int | None = None, world_size: int | None = None,
                  num_workers: int = 0, runner: str | Executor = "thread", prefetch: int | None = None,
                  max_steps: int | None = None, group: Any = None, text_map: Callable | None = None,
                  text_filter: Callable | None = None, plan: Any = None,
                  program: CompiledPipeline | None = None, address: str | None = None,
                  ray_options: Mapping[str, Any] | None = None, reuse_batch_memory: bool = True,
                  steps_ahead: int | None = None) -> ZephonLoader:
-    """Build the loader of data-parallel ``rank`` of ``world_size`` for a pipeline (or a recipe or its path).
+    """Build the loader of data-parallel ``rank`` of ``world_size`` for a pipeline (or a recipe:
+    ``zephon.load_recipe(path)``).
 
     ``rank``/``world_size`` default to the data-parallel process group (``group``, or the default
     group) when ``torch.distributed`` is initialised, else to 0 of 1. ``runner="thread"``: stateless
@@ -546,7 +531,7 @@ def build_loader(pipeline: Pipeline | Recipe | str, rank: int | None = None, wor
     the workers: :class:`zephon.engine.sources.ReadAhead`) or steps ahead (process).
     ``text_map``/``text_filter``: per-document text hooks of a recipe (module-level functions for the
     pool and process runners). ``reuse_batch_memory``: a batch's large tensors (pixels) are written into
-    the memory of an earlier batch that nothing refers to any more (:mod:`zephon.batch_buffers`); ``False`` allocates every batch afresh, for code that keeps a
+    the memory of an earlier batch that nothing refers to any more (:mod:`zephon.batches.buffers`); ``False`` allocates every batch afresh, for code that keeps a
     batch's memory without a Python reference to it (a raw ``data_ptr()`` read later). ``steps_ahead``:
     with workers, the lanes' own work (merge, shuffle, pack, waiting for the workers; with the process and
     ray-lanes runners, reading the rows back from the lane workers) and the collation run on a background

@@ -287,21 +287,21 @@ class SourcePlan:
 class WorkPlan:
     """All sources of a pipeline, planned once per process and shared by the lanes it hosts.
 
-    ``WorkPlan(pipeline_or_recipe)``; the files are listed and the units cut here, once."""
+    ``WorkPlan(pipeline)``; the files are listed and the units cut here, once.
+
+    Args:
+        pipeline: a :class:`~zephon.Pipeline` (its seed, lanes, storage options and sources).
+    """
 
     def __init__(self, pipeline: Any) -> None:
-        from .loader import as_pipeline
-
-        pipe = as_pipeline(pipeline)
+        pipe = pipeline
+        if not hasattr(pipe, "ops") or not hasattr(pipe, "lanes"):
+            raise TypeError(f"WorkPlan takes a zephon.Pipeline, got {pipeline!r} (a recipe: recipe.to_pipeline())")
         self.lanes, self.seed = pipe.lanes, pipe.seed
         self.sources: list[SourcePlan] = [
             SourcePlan(i, PlannedSource(d.name, d.read, d.passes), pipe.lanes, pipe.seed, pipe.storage, pipe.origin)
             for i, d in enumerate(pipe.sources)]
         self._checked = False  # check_sources_have_text done
-
-    @classmethod
-    def from_pipeline(cls, pipeline: Any) -> "WorkPlan":
-        return cls(pipeline)
 
     def units_per_lane(self) -> list[float]:
         return [len(s.units) / self.lanes for s in self.sources]

@@ -1,5 +1,5 @@
 """The declarations every layer shares, as frozen values: which tokenizer, which source files, how to reach
-an object store, and the options a recipe may set. A leaf: nothing of Zephon is imported here, so the
+an object store, and the options a recipe may set. A leaf: nothing of Zephon but its errors is imported here, so the
 readers, the operators, the work plan and the TOML front end all build on it.
 """
 
@@ -8,6 +8,8 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass, field
 from typing import Any, Mapping
+
+from .errors import RecipeError
 
 PACK_ALGORITHMS = ("best_fit", "first_fit", "wrap")
 TOKENIZER_KINDS = ("sentencepiece", "tiktoken", "huggingface")
@@ -20,6 +22,8 @@ SEED_LIMIT = 1 << 63  # seeds are non-negative 64-bit integers (zephon/_perm.py 
 # The mixer turns weights into integers with Fraction.limit_denominator(10_000) (zephon/nodes/mix.py,
 # integer_weights): a weight that rounds to 0 there would have no share (and divide by zero).
 WEIGHT_DENOMINATOR = 10_000
+# The [read] options: a recipe's defaults for every source, a source's own in [[sources]] read = {...}
+READ_KEYS = ("chunk_rows", "chunk_bytes", "unit_bytes", "cache_bytes", "max_doc_bytes", "oversize")
 
 
 @dataclass(frozen=True)
@@ -126,3 +130,54 @@ def tokenizer_description(spec: TokenizerSpec) -> dict[str, Any]:
     if spec.kind == "tiktoken":
         d["special_tokens"] = dict(spec.special_tokens) if spec.special_tokens is not None else None
     return d
+
+SPECIAL_ID_LIMIT = 1 << 31  # token ids are int32 in every batch
+
+
+def _type_note(value: Any) -> str:
+    """`` (a float)`` etc.: what the value was, for the messages (TOML strings are easy to write by mistake)."""
+    if isinstance(value, bool):
+        return " (a boolean)"
+    if isinstance(value, str):
+        return " (a string: write numbers and booleans without quotes)"
+    names = {int: "an integer", float: "a float", list: "a list", dict: "a table"}
+    return f" ({names.get(type(value), type(value).__name__)})"
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)  # True is an int in Python, not in a recipe
+
+
+def validate_special_tokens(t: TokenizerSpec, origin: str) -> None:
+    """Check ``tokenizer.special_tokens``: tiktoken only, a table of distinct non-empty names to distinct ids.
+
+    Args:
+        t: the tokenizer spec (its ``special_tokens`` as stored: None or ``((name, id), ...)``).
+        origin: where the spec comes from (the recipe file), to start the message with.
+
+    Raises:
+        RecipeError: naming ``tokenizer.special_tokens``, what is wrong and the fix.
+    """
+    st = t.special_tokens
+    if st is None:
+        return
+    key = "tokenizer.special_tokens"
+    if t.kind != "tiktoken":  # silently ignored, it would be a different run than the one asked for
+        raise RecipeError(f"{origin}: {key} is for tiktoken files only; a {t.kind} file names its own special "
+                          f"tokens (pick EOS/BOS with tokenizer.eos_token / bos_token). Remove {key}.")
+    example = '{ "<|endoftext|>" = 100257 }'
+    if not isinstance(st, tuple) or not all(isinstance(p, tuple) and len(p) == 2 for p in st):
+        raise RecipeError(f"{origin}: '{key}' must be a table of token name = id, e.g. [tokenizer] "
+                          f"special_tokens = {example}, got {st!r}{_type_note(st)}.")
+    for name, tid in st:
+        if not isinstance(name, str) or not name:
+            raise RecipeError(f"{origin}: {key}: a token name must be a non-empty string, got {name!r}.")
+        if not _is_int(tid) or not 0 <= tid < SPECIAL_ID_LIMIT:
+            raise RecipeError(f"{origin}: {key}: the id of '{name}' must be an integer in [0, 2**31), got "
+                              f"{tid!r}{_type_note(tid)}.")
+    ids: dict[int, str] = {}
+    for name, tid in st:
+        if tid in ids:
+            raise RecipeError(f"{origin}: {key}: '{ids[tid]}' and '{name}' have the same id {tid}; give each "
+                              f"special token an id of its own.")
+        ids[tid] = name

@@ -27,7 +27,7 @@ from __future__ import annotations
 import hashlib
 from typing import Any, Callable, Sequence
 
-from .collate import _hash_value
+from .batches.packed import _hash_value
 from .ops.base import LaneContext, call_factory
 
 

@@ -30,9 +30,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from .recipe import validate_special_tokens
 from .errors import RecipeError, RecipeFileError
-from .specs import TokenizerSpec
+from .specs import TokenizerSpec, validate_special_tokens
 
 _EOS_NAMES = ("</s>", "<|endoftext|>", "<eos>", "<|end_of_text|>", "[SEP]")
 _BOS_NAMES = ("<s>", "<|begin_of_text|>", "<bos>", "[CLS]")

@@ -12,10 +12,12 @@ import contextlib
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-from .collate import global_digest
-from .engine.executors import Executor, make_executor
+from .batches.packed import global_digest
+from .engine.executors import Executor
+from .engine.runners import make_executor
 from .engine.tokenizer_pool import uses_hf_tokenizer
-from .loader import as_pipeline, build_loader
+from .loader import build_loader
+from .recipe.references import as_pipeline
 from .plan import WorkPlan
 from .state import merge_states
 

@@ -122,7 +122,7 @@ def _noop_task(program: Any) -> Any:
 def task_overhead(task: dict) -> dict:
     import zephon
     from zephon.engine.executors import make_executor
-    from zephon.loader import as_pipeline
+    from zephon.recipe import as_pipeline
 
     program = as_pipeline(zephon.load_recipe(task["recipe"])).compile()
     opts = _ray_options(task) if task["executor"] == "ray" else {}
@@ -182,7 +182,7 @@ def task_tokenizer(task: dict) -> dict:
     """Tokens per CPU second on one thread: the whole stateless stage (read, decode, tokenize:
     ``StageProgram.run`` inline, as a Ray worker runs it) and, for a text recipe, its tokenizer alone."""
     import zephon
-    from zephon.loader import as_pipeline
+    from zephon.recipe import as_pipeline
 
     recipe = zephon.load_recipe(task["recipe"])
     program = as_pipeline(recipe).compile()

@@ -10,7 +10,7 @@ worker count or completion order can change what a lane sees. A new backend is o
 Backends: ``inline`` (computed lazily on ``result()``, in the caller), ``thread`` (a thread pool; the
 tokenizers, pyarrow and codecs release the GIL), ``process`` (a pool of worker processes from a
 forkserver; the program is sent once, at start-up, so user functions must be picklable), and ``ray``
-(:mod:`zephon.engine.ray_executor`).
+(:mod:`zephon.engine.ray_executor`). :func:`zephon.engine.runners.make_executor` makes one by kind.
 """
 
 from __future__ import annotations
@@ -21,12 +21,11 @@ from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any, Protocol
 
-from ..worker_guard import Trainer, exit_with, this_process
+from .worker_guard import Trainer, exit_with, this_process
 from . import tokenizer_pool
 from .stages import StageProgram
 from .transfer import Outbox, discard, receive, share
 
-EXECUTOR_KINDS = ("inline", "thread", "process", "ray")
 
 
 class Handle(Protocol):
@@ -211,22 +210,3 @@ class ProcessExecutor:
             self._pool.shutdown(wait=True, cancel_futures=True)
             self._pool = None
             self._outbox.close()  # with the results the pool wrote that were never asked for
-
-
-def make_executor(kind: str, program: StageProgram, num_workers: int, hf_tokenizing: bool = False,
-                  **options: Any) -> Executor:
-    """The executor of ``kind`` (``num_workers`` 0 always gives the inline one). ``hf_tokenizing``: the
-    stages it will run tokenize with Hugging Face tokenizers (see :mod:`zephon.engine.tokenizer_pool`)."""
-    if kind not in EXECUTOR_KINDS:
-        raise ValueError(f"executor kind must be one of {EXECUTOR_KINDS}, got {kind!r}")
-    if num_workers < 0:
-        raise ValueError(f"num_workers must be >= 0, got {num_workers}")
-    if kind == "inline" or num_workers == 0:
-        return InlineExecutor(program)
-    if kind == "thread":
-        return ThreadExecutor(program, num_workers, hf_tokenizing)
-    if kind == "process":
-        return ProcessExecutor(program, num_workers)
-    from .ray_executor import RayExecutor
-
-    return RayExecutor(program, num_workers, **options)

@@ -24,8 +24,9 @@ from typing import Any, Callable, Sequence
 
 from ..records import Row
 from ..state.lane import LaneState
-from ..worker_guard import Trainer, exit_with, this_process
+from .worker_guard import Trainer, exit_with, this_process
 from .counters import LaneCounters
+from .errors import HostInterrupted
 from .executors import MAIN_GUARD_HINT, Executor, ThreadExecutor, check_picklable
 from .lane import Lane, LaneProgram
 from .sources import ReadAhead
@@ -157,8 +158,6 @@ def _worker_death(k: int, pid: int, code: int | None) -> str:
         + MAIN_GUARD_HINT
 
 
-class HostInterrupted(RuntimeError):
-    """A step awaited from lane workers was given up (:meth:`ProcessLanes.interrupt`)."""
 
 
 class ProcessLanes:

@@ -21,7 +21,7 @@ import numpy as np
 from torchdata.nodes import BaseNode
 
 from ..ops.base import LaneContext
-from ..ops.record_rows import RecordRow
+from ..ops.batch import RecordRow
 from ..plan import WorkPlan
 from ..records import INPUT_IDS, Flush, Row
 from ..state.lane import LaneState, parse_lane_state
@@ -46,7 +46,7 @@ class LaneProgram:
     stages: StageProgram
     stage_kinds: list[list[str | None]]  # per source, per stage: executor kind (None: the loader's runner)
     merge: Callable[[LaneContext], Any]
-    steps: list[tuple[str, Callable[[LaneContext], Any]]]  # (name, factory) after the merge, the packer last
+    lane_ops: list[tuple[str, Callable[[LaneContext], Any]]]  # (name, factory) after the merge, the rows' last
     rows_per_lane: int
     flush_every: int
     seq_len: int
@@ -55,7 +55,7 @@ class LaneProgram:
     token_fields: dict[str, tuple[Any, Any]] = field(default_factory=dict)  # name -> (dtype, default)
     finite: bool = False  # some source stops after its passes: lanes end, the loader agrees on when
     partial: str = "drop"  # the last global batch some lanes cannot fill: "drop" it, or "pad" it
-    records: bool = False  # no pack(): a row is one record (zephon.ops.record_rows), seq_len is 1
+    records: bool = False  # no pack(): a row is one record (zephon.ops.batch), seq_len is 1
 
     def empty_row(self) -> Any:
         """A row of padding only: what an ended lane delivers until every lane has ended (or the batch is
@@ -127,8 +127,8 @@ def lane_nodes(program: LaneProgram, lane: int, executor_for: Callable[[int, int
     merge = MergeNode(program.merge, streams, policy, counters, ctx)
     chain: BaseNode = merge
     accumulators = []
-    for i, (name, factory) in enumerate(program.steps):
-        chain = AccumulatorNode(chain, factory, name, ctx, counts_rows=i == len(program.steps) - 1)
+    for i, (name, factory) in enumerate(program.lane_ops):
+        chain = AccumulatorNode(chain, factory, name, ctx, counts_rows=i == len(program.lane_ops) - 1)
         accumulators.append(chain)
     return LaneNodes(sources, stages, merge, accumulators, clock, counters)
 

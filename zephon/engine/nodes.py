@@ -287,7 +287,7 @@ class TransformStep:
         transform.setup()
 
     def push(self, record: Any) -> list[Any]:
-        return self.transform.apply_records([record])
+        return self.transform._apply_records([record])
 
     def flush(self) -> tuple:
         return ()

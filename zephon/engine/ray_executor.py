@@ -46,6 +46,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from .errors import HostInterrupted, RayClusterLost
 from .executors import check_picklable
 from .stages import StageProgram
 
@@ -55,8 +56,6 @@ INSTALL_HINT = ("Ray is not installed: install Zephon's ray extra from your clon
                 "`python -m pip install -e '.[ray]'`.")
 
 
-class RayClusterLost(RuntimeError):
-    """The Ray cluster's head stopped answering: the run cannot go on until the cluster is back."""
 
 
 @dataclass
@@ -201,8 +200,6 @@ class ClusterLink:
                 return ray.get(ref, timeout=WAIT_SLICE_S)
             except ray.exceptions.GetTimeoutError:
                 if given_up is not None and given_up():
-                    from .hosts import HostInterrupted
-
                     raise HostInterrupted(f"{what} was given up") from None
                 self.check()
                 if time.monotonic() > deadline:

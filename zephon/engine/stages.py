@@ -23,8 +23,8 @@ import numpy as np
 
 from ..ops.base import Transform
 from ..readers.base import RawChunk
-from ..errors import SourceError
 from ..records import Chunk, TokenColumn
+from .errors import ResumeMismatch
 
 # glibc serves a process's main thread from its main (brk) malloc arena and every other thread from an
 # arena of its own; the tokenizers' per-call allocations run ~20% slower on the main arena (BENCHMARKS.md
@@ -56,8 +56,6 @@ class Stage:
     transforms: tuple[Transform, ...]
 
 
-class ResumeMismatch(SourceError):
-    """A lane position that does not fall where the data says records are: changed data, or an edited state."""
 
 
 def _text_chars(chunk: Chunk) -> int:
@@ -139,7 +137,7 @@ class StageProgram:
         for t in transforms:
             if not chunk.n:  # an empty unit, or everything filtered: nothing left to transform
                 break
-            chunk = t.apply(chunk)
+            chunk = t._apply_chunk(chunk)
         return chunk
 
     def read(self, source: int, task: Any) -> Chunk:

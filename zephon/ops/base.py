@@ -1,29 +1,32 @@
 """The operator contract: stateless transforms and accumulators (Zephon's built-ins use it too).
 
-**Stateless transforms** (:class:`Transform`: ``map``, ``filter``, ``flat_map``, ``map_batch``,
-``tokenize``, ``split``...) are pure functions of a record. Before the sources merge they run on the
-pipeline's executors (threads, processes, Ray), a chunk of records per task, and a reorder buffer
-restores the order; after the merge they run in the lane, one record at a time. Either way the output
-does not depend on where they ran. A transform implements :meth:`Transform.apply` over a
-:class:`~zephon.records.Chunk` (columnar, one call per chunk); the per-record user functions are
-wrapped by :mod:`zephon.ops.transforms`.
+An **operator** is one object: its declaration (the parameters it was given, checked when it is made),
+its description for the fingerprint (derived from those parameters: :meth:`Operator.describe`), and its
+runtime (:meth:`Transform.apply` for a transform, :meth:`Operator.make` for an accumulator). The
+parameters are the operator's public attributes; whatever it derives from them (a loaded tokenizer, a
+compiled template) is private (``self._x``), so the description covers every parameter and nothing else.
 
-**Accumulators** (:class:`Accumulator`: ``mix``, ``shuffle``, ``pack`` and yours) are serial per lane:
-they see the lane's records in order, ``push(record)`` returns what may be emitted now, and at a flush
-sentinel ``flush()`` returns everything still held, after which the instance must behave exactly like
-a fresh one (``factory(ctx.after_flush())``). That is what makes a checkpoint a position: a lane is
-rebuilt fresh at its last sentinel and replays from there. :func:`zephon.testing.check_accumulator`
-proves it for your own accumulator.
+**Stateless transforms** (:class:`Transform`: ``map``, ``filter``, ``flat_map``, ``tokenize``, ``split``...)
+are pure functions of a batch of records. Before the sources merge they run on the pipeline's executors
+(threads, processes, Ray), a chunk of records per task, and a reorder buffer restores the order; after the
+merge they run in the lane. Either way the output does not depend on where they ran. Your own transform
+subclasses :class:`Transform` and implements ``apply(columns)`` (see there).
+
+**Accumulators** (``mix``, ``shuffle``, ``pack`` and yours, through ``accumulate(factory)``) are serial per
+lane: they see the lane's records in order, ``push(record)`` returns what may be emitted now, and at a flush
+sentinel ``flush()`` returns everything still held, after which the instance must behave exactly like a
+fresh one (``factory(ctx.after_flush())``). That is what makes a checkpoint a position: a lane is rebuilt
+fresh at its last sentinel and replays from there. :func:`zephon.testing.check_accumulator` proves it.
 
 Two optional extensions, both public and both used by built-ins:
 
 - **Merging** (:class:`Merge`, the ``mix`` operator): the accumulator where the sources meet says which
   source's record it wants next (:meth:`Merge.next_source`) and is pushed that record.
 - **Sentinel hooks**: an accumulator may define ``on_flush(sentinel) -> list`` instead of relying on
-  ``flush()``: it returns records and, somewhere, the sentinel itself (possibly with ``carry`` set),
-  or holds the sentinel and returns it from a later ``push``. The packer does this to top its last
-  row up with the first tokens after the sentinel rather than pad it; rebuilt at that sentinel it is
-  told ``ctx.carry`` and drops those tokens.
+  ``flush()``: it returns records and, somewhere, the sentinel itself (possibly with ``carry`` set), or
+  holds the sentinel and returns it from a later ``push``. The packer does this to top its last row up with
+  the first tokens after the sentinel rather than pad it; rebuilt at that sentinel it is told
+  ``ctx.carry`` and drops those tokens.
 
 Randomness inside an accumulator comes from ``ctx.rng(purpose)``: seeded by (seed, lane, segment,
 purpose) only, so that a lane rebuilt at a sentinel draws the same numbers.
@@ -31,20 +34,29 @@ purpose) only, so that a lane rebuilt at a sentinel draws the same numbers.
 
 from __future__ import annotations
 
+import copy
+import dataclasses
+import functools
+import hashlib
 import inspect
+import types
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, ClassVar, Iterable, Sequence
+from typing import Any, Callable, ClassVar, Iterable, Mapping, Sequence
 
 import numpy as np
 
 from .._perm import rng_for, stable_key
-from ..records import Chunk
+from ..errors import PipelineError
+from ..records import IGNORE, Chunk, Doc, TokenColumn, columns_from_records
+
+EXECUTOR_KINDS = ("inline", "thread", "process", "ray")
+LONG_TEXT = 256  # a longer string parameter (a template) enters the fingerprint by its SHA-256
 
 
 @dataclass(frozen=True)
 class LaneContext:
-    """What an accumulator may know about where it runs: the pipeline seed, its lane, the segment (how
-    many sentinels the lane has passed), the sources' names, and at a resume the packer's ``carry`` and
+    """What an accumulator may know about where it runs: the pipeline seed, its lane, the segment (how many
+    sentinels the lane has passed), the sources' names, and at a resume the packer's ``carry`` and
     ``release`` (the sentinel's, see :class:`~zephon.records.Flush`)."""
 
     seed: int
@@ -56,7 +68,14 @@ class LaneContext:
     release: int = -1
 
     def rng(self, purpose: str | int) -> np.random.Generator:
-        """A generator seeded by (seed, lane, segment, purpose) only."""
+        """A generator seeded by (seed, lane, segment, purpose) only.
+
+        Args:
+            purpose: what the numbers are for (a name or an integer), so that two uses draw apart.
+
+        Returns:
+            A numpy generator that a lane rebuilt at the same sentinel gets again, draw for draw.
+        """
         key = purpose if isinstance(purpose, int) else stable_key(purpose)
         return rng_for(self.seed, self.lane, self.segment, key)
 
@@ -65,71 +84,290 @@ class LaneContext:
         return replace(self, segment=self.segment + 1, carry=0, release=-1)
 
 
-class Operator:
-    """Common base: a name for messages and ``explain()``, and the parameters that enter the
-    pipeline fingerprint (:meth:`describe`)."""
+@dataclass(frozen=True)
+class BindContext:
+    """What the pipeline around an operator decides and the operator needs at run time: the sources' names and
+    weights, the per-token fields (name -> (dtype, default)) and the packer's per-row image limits."""
 
-    kind: ClassVar[str] = "operator"
-    #: where it runs: "workers" (stateless, before the merge), "lane" (serial accumulator)
+    sources: tuple[str, ...] = ()
+    weights: tuple[float, ...] = ()
+    token_fields: Mapping[str, tuple[Any, Any]] = field(default_factory=dict)
+    limits: Any = None
+
+
+# -- descriptions: every parameter as plain data ------------------------------------------------------------
+def _unnamed(fn: Callable[..., Any]) -> bool:
+    """A lambda or a function defined inside another: its qualified name does not tell it apart."""
+    qual = getattr(fn, "__qualname__", "") or ""
+    return "<" in qual
+
+
+def function_id(fn: Callable[..., Any], version: str | int | None = None) -> str:
+    """How a user function enters the fingerprint: its qualified name, plus ``version`` if given.
+
+    Args:
+        fn: a function, a class, a bound method or a ``functools.partial`` (its bound arguments included).
+        version: what the user bumps when the function changes under the same name.
+
+    Returns:
+        ``"module:qualname"`` (``"...@version"``; a partial's arguments described after it).
+    """
+    target = getattr(fn, "func", fn) if isinstance(fn, functools.partial) else fn
+    module = getattr(target, "__module__", None) or type(target).__module__
+    qual = getattr(target, "__qualname__", None) or type(target).__qualname__
+    out = f"{module}:{qual}"
+    if target is not fn:  # partial: its bound arguments are part of what it does
+        args = describe_value(list(fn.args), f"the arguments of {out}")
+        keywords = describe_value(dict(fn.keywords), f"the arguments of {out}")
+        out += f"(*{args!r}, **{keywords!r})"
+    return out if version is None else f"{out}@{version}"
+
+
+def describe_value(value: Any, where: str, versioned: bool = False) -> Any:
+    """``value`` as plain JSON data for the fingerprint, or an error naming ``where`` and the fix.
+
+    Plain data stays as it is (tuples as lists); numpy scalars as numbers; arrays by dtype, shape and SHA-256;
+    strings longer than :data:`LONG_TEXT` by SHA-256; an object with ``describe()`` by it; a dataclass by its
+    fields; a function or class by its qualified name. A lambda or a nested function has no name that tells it
+    apart: refused unless ``versioned`` (its operator has a ``version=``, which the user bumps on a change).
+    """
+    if value is None or isinstance(value, (bool, int, float)):
+        return value
+    if isinstance(value, str):
+        return value if len(value) <= LONG_TEXT else {"sha256": hashlib.sha256(value.encode()).hexdigest()}
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, np.ndarray):
+        return {"array": value.dtype.str, "shape": list(value.shape),
+                "sha256": hashlib.sha256(np.ascontiguousarray(value).tobytes()).hexdigest()}
+    if isinstance(value, np.dtype):
+        return value.str
+    if isinstance(value, (list, tuple)):
+        return [describe_value(v, f"{where}[{i}]", versioned) for i, v in enumerate(value)]
+    if isinstance(value, Mapping):
+        if not all(isinstance(k, str) for k in value):
+            raise PipelineError(f"{where}: a mapping with non-string keys {list(value)[:5]} cannot be fingerprinted; "
+                                f"use string keys")
+        return {k: describe_value(v, f"{where}['{k}']", versioned) for k, v in value.items()}
+    if isinstance(value, type):
+        return f"{value.__module__}:{value.__qualname__}"
+    describe = getattr(value, "describe", None)
+    if callable(describe) and not isinstance(value, (types.FunctionType, types.MethodType, functools.partial)):
+        return describe_value(describe(), where, versioned)
+    if dataclasses.is_dataclass(value):
+        return {"type": f"{type(value).__module__}:{type(value).__qualname__}",
+                **{f.name: describe_value(getattr(value, f.name), f"{where}.{f.name}", versioned)
+                   for f in dataclasses.fields(value)}}
+    if isinstance(value, (types.FunctionType, types.BuiltinFunctionType, types.MethodType, functools.partial)):
+        target = value.func if isinstance(value, functools.partial) else value
+        if _unnamed(target) and not versioned:
+            raise PipelineError(f"{where}: {target!r} is a lambda or a function defined inside another, whose name "
+                                f"does not tell it apart from others, so the fingerprint cannot cover it. Define it "
+                                f"at module level, or pass version='...' and change it whenever the function changes.")
+        if isinstance(value, types.MethodType) and not isinstance(value.__self__, type):
+            return {"method": function_id(value.__func__), "of": describe_value(value.__self__, where, versioned)}
+        return function_id(value)
+    if callable(value):  # an object with __call__: its class and its attributes
+        return {"type": f"{type(value).__module__}:{type(value).__qualname__}",
+                **{k: describe_value(v, f"{where}.{k}", versioned) for k, v in vars(value).items()
+                   if not k.startswith("_")}}
+    raise PipelineError(f"{where}: a {type(value).__qualname__} ({value!r:.60}) has no stable description for the "
+                        f"fingerprint. Pass plain data (numbers, strings, lists, dicts, arrays), give its class a "
+                        f"describe() returning plain data, or keep it private (self._name) if the operator derives "
+                        f"it from its other parameters.")
+
+
+class Operator:
+    """Common base: the declaration, its description (the fingerprint) and where the operator runs.
+
+    ``op`` is the builder method (and the recipe's ``op = "..."``) of a built-in; your own operator's
+    identity is its qualified class name. Bump the class attribute ``version`` when you change what it does
+    under the same name. Every public attribute is a parameter (see the module docstring).
+    """
+
+    op: ClassVar[str] = ""
     stateful: ClassVar[bool] = False
+    version: Any = None  # a class attribute, or a parameter of function operators (map(fn, version=...))
+    #: attributes that change no byte of the output (how it is labelled, where it runs): not fingerprinted
+    NOT_FINGERPRINTED: ClassVar[frozenset[str]] = frozenset({"name", "executor"})
 
     def __init__(self, name: str | None = None, sources: Sequence[str] | None = None) -> None:
-        self.name = name or self.kind
+        if name is not None and (not isinstance(name, str) or not name):
+            raise PipelineError(f"{self.op or type(self).__name__}(name={name!r}): a non-empty string is needed")
+        self.name = name or self.op or type(self).__name__
+        self._named = name is not None  # a name you chose is written back to a recipe
         self.sources = tuple(sources) if sources is not None else None
 
+    @property
+    def identity(self) -> str:
+        """``zephon.<op>`` for a built-in, ``module:QualName`` for yours."""
+        cls = type(self)
+        return f"zephon.{self.op}" if self.op and cls.__module__.startswith("zephon.") else \
+            f"{cls.__module__}:{cls.__qualname__}"
+
+    def params(self) -> dict[str, Any]:
+        """The declared parameters: the public attributes, but for those in :attr:`NOT_FINGERPRINTED`."""
+        return {k: v for k, v in vars(self).items() if not k.startswith("_") and k not in self.NOT_FINGERPRINTED}
+
     def describe(self) -> dict[str, Any]:
-        """Everything that decides this operator's output, as plain JSON data (fingerprinted)."""
-        return {"op": self.kind, **({"sources": list(self.sources)} if self.sources is not None else {})}
+        """Everything that decides this operator's output, as plain JSON data (fingerprinted).
+
+        Raises:
+            PipelineError: a parameter has no stable description (naming it, and the fix).
+        """
+        where = f"operator '{self.name}'"
+        d: dict[str, Any] = {"op": self.identity}
+        version = self.version
+        if version is not None:
+            d["version"] = describe_value(version, f"{where}: version")
+        versioned = version is not None
+        for k, v in self.params().items():
+            if k != "version":
+                d[k] = describe_value(v, f"{where}: parameter '{k}'", versioned)
+        token_fields = getattr(self, "token_fields", None)
+        if token_fields and "token_fields" not in d:
+            d["token_fields"] = describe_value(dict(token_fields), f"{where}: token_fields")
+        return d
+
+    def bind(self, ctx: BindContext) -> "Operator":
+        """The operator ready to run in this pipeline: itself, or a copy given what the pipeline decides
+        (never this object changed: a pipeline is a value, and another may share it)."""
+        return self
+
+    def _bound(self, **private: Any) -> "Operator":
+        """A copy with private run-time attributes set (for :meth:`bind`)."""
+        out = copy.copy(self)
+        out.__dict__.update(private)
+        return out
 
     def applies_to(self, source: str) -> bool:
         return self.sources is None or source in self.sources
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}({self.describe()})"
+        return f"{type(self).__name__}({', '.join(f'{k}={v!r:.40}' for k, v in self.params().items())})"
+
+
+def check_executor(executor: str | None, what: str) -> str | None:
+    if executor is not None and executor not in EXECUTOR_KINDS:
+        raise PipelineError(f"{what}(executor={executor!r}): use one of {EXECUTOR_KINDS} (or None: the loader's runner)")
+    return executor
 
 
 class Transform(Operator):
-    """A stateless operator: ``apply(chunk) -> chunk``, run wherever the executor puts it.
+    """A stateless operator: a pure function of a batch of records. Subclass it and implement :meth:`apply`.
 
-    The output depends on the chunk alone (nothing is kept between calls). The chunk is handed over:
-    ``apply`` may modify and return it rather than copy its columns, since the engine never reads a chunk
-    after passing it on. A caller that still needs the input afterwards must copy it first.
+    Its output depends on its input alone, so it may run on any executor, any number of times (a resume
+    re-reads from the last sentinel). ``executor``: None (the loader's runner) or a kind ("inline", "thread",
+    "process", "ray") for the stage this transform runs in. ``token_fields``: per-token fields this transform
+    adds (name -> the value a document without the field gets when packed next to one that has it).
 
-    ``executor``: None (the loader's runner) or a kind ("inline", "thread", "process", "ray") for the
-    stage this transform runs in. ``token_fields``: per-token fields this transform adds (name -> the
-    value a document without the field gets when packed next to one that has it).
+    Example, a transform that keeps documents of at least ``n`` tokens and marks them::
+
+        class KeepLong(zephon.Transform):
+            def __init__(self, n: int) -> None:
+                super().__init__()
+                self.n = n                                 # a parameter: fingerprinted
+
+            def apply(self, columns):
+                return np.array([len(ids) >= self.n for ids in columns["input_ids"]])   # a keep-mask
     """
 
-    kind = "transform"
     stateful = False
-    token_fields: dict[str, Any] = {}
+    token_fields: Mapping[str, Any] = {}
 
     def __init__(self, name: str | None = None, sources: Sequence[str] | None = None,
                  executor: str | None = None) -> None:
         super().__init__(name, sources)
-        self.executor = executor
+        self.executor = check_executor(executor, self.op or type(self).__name__)
 
     def setup(self) -> None:
-        """Load heavy state (tokenizers, templates) once per process, before the first chunk."""
+        """Load heavy state (tokenizers, templates) once per process, before the first batch."""
 
-    def apply(self, chunk: Chunk) -> Chunk:
-        raise NotImplementedError(type(self))
+    def apply(self, columns: dict[str, Any]) -> Any:
+        """Transform a batch of records, given as columns.
 
-    def apply_records(self, records: list[Any]) -> list[Any]:
-        """The same transform on records in a lane (after the merge): by default, through a chunk."""
-        raise NotImplementedError(f"{self.name} cannot run after the sources merge; put it before .mix()")
+        Args:
+            columns: field name -> a list (or array) with one value per record; per-token fields
+                (``input_ids``, ``loss_mask``...) as a list of 1-D arrays. The batch is yours to modify.
+
+        Returns:
+            One of:
+
+            - columns with as many records as given (a map; new fields are added, missing ones dropped);
+            - a boolean array, one entry per record: the records to keep (a filter);
+            - ``(columns, counts)``: record ``j`` became ``counts[j]`` records (zero or more), given in order
+              in ``columns`` (one-to-many; a lane can checkpoint between two of them).
+        """
+        raise NotImplementedError(f"{type(self).__qualname__} must implement apply(columns)")
+
+    # -- the engine's side: built-ins override these two, which serve apply(columns) for yours --------------
+    def _apply_chunk(self, chunk: Chunk) -> Chunk:
+        columns = {k: v.to_pylist() if isinstance(v, TokenColumn) else v for k, v in chunk.columns.items()}
+        if chunk.token_fields:
+            assert chunk.offsets is not None
+            bounds = list(zip(chunk.offsets[:-1].tolist(), chunk.offsets[1:].tolist()))
+            for k, flat in chunk.token_fields.items():
+                columns[k] = [flat[a:b] for a, b in bounds]
+        where = f"operator '{self.name}' on {chunk.where(0) if chunk.n else chunk.path}"
+        keep, counts, records = self._outcome(self.apply(columns), chunk.n, where)
+        if keep is not None:
+            chunk.count("filtered_records", chunk.n - len(keep))
+            return chunk.select(keep)
+        names = list(chunk.token_fields) + [k for k in self.token_fields if k not in chunk.token_fields]
+        columns, token_fields, offsets = columns_from_records(records, names)
+        if counts is not None:
+            chunk.skipped += int((counts == 0).sum())
+            chunk.resume_cursor, chunk.resume_skip = chunk.expand(counts)
+            chunk.tails = None if chunk.tails is None else np.full(len(records), IGNORE, dtype=np.int64)
+        chunk.columns, chunk.token_fields, chunk.offsets = columns, token_fields, offsets
+        return chunk
+
+    def _apply_records(self, records: list[Any]) -> list[Any]:
+        """The same transform on records in a lane (after the merge), a record at a time."""
+        out = []
+        for rec in records:
+            keep, counts, made = self._outcome(self.apply({k: [v] for k, v in rec.items()}), 1,
+                                               f"operator '{self.name}' on a record in the lane")
+            if keep is not None:
+                out += [rec] if len(keep) else []
+            elif counts is None:
+                out.append(Doc(made[0], getattr(rec, "tail", IGNORE), getattr(rec, "source", -1)))
+            else:
+                out += [Doc(r, IGNORE, getattr(rec, "source", -1)) for r in made]
+        return out
+
+    @staticmethod
+    def _outcome(out: Any, n: int, where: str) -> tuple[np.ndarray | None, np.ndarray | None, list[dict]]:
+        """What ``apply`` returned, checked: ``(keep, None, [])`` for a keep-mask, else ``(None, counts or None,
+        the records made)``."""
+        if isinstance(out, np.ndarray) and out.dtype == np.bool_:
+            if out.shape != (n,):
+                raise PipelineError(f"{where}: a keep-mask needs one entry per record ({n}), got shape {out.shape}")
+            return np.flatnonzero(out), None, []
+        counts = None
+        if isinstance(out, tuple) and len(out) == 2:
+            out, counts = out
+            counts = np.asarray(counts, dtype=np.int64)
+            if counts.shape != (n,) or (counts < 0).any():
+                raise PipelineError(f"{where}: counts need one entry >= 0 per record ({n}), got {counts!r:.80}")
+        if not isinstance(out, Mapping):
+            raise PipelineError(f"{where}: apply() must return columns (a dict), a boolean keep-mask or (columns, "
+                                f"counts), got {type(out).__name__}")
+        made = n if counts is None else int(counts.sum())
+        bad = {k: len(v) for k, v in out.items() if len(v) != made}
+        if bad:
+            raise PipelineError(f"{where}: columns {bad} do not have {made} entries (one per record made)")
+        records = [dict(zip(out, values)) for values in zip(*out.values())] if out else [{} for _ in range(made)]
+        return None, counts, records
 
 
-class Accumulator(Operator):
-    """A serial, per-lane operator. Subclass it (or write any class with ``push`` and ``flush``).
+class Accumulator:
+    """A serial, per-lane operator at run time. Subclass it (or write any class with ``push`` and ``flush``).
 
     ``push(record)`` returns the records that can be emitted now (any number, any order the operator
     decides deterministically); ``flush()`` returns everything still held, at a sentinel; after it the
     instance equals a fresh one built for the next segment.
     """
-
-    kind = "accumulator"
-    stateful = True
 
     def push(self, record: Any) -> Iterable[Any]:
         raise NotImplementedError(type(self))
@@ -140,8 +378,6 @@ class Accumulator(Operator):
 
 class Merge(Accumulator):
     """An accumulator fed by several sources: it chooses which source's next record it wants."""
-
-    kind = "merge"
 
     def next_source(self) -> int:
         """Index of the source whose next record must be pushed next (-1: none is left)."""
@@ -155,6 +391,16 @@ class Merge(Accumulator):
         """Source ``source`` stopped (after its passes): never name it again; :meth:`next_source` returns -1
         once no source is left."""
         raise NotImplementedError(f"{type(self).__name__} does not handle sources that stop")
+
+
+class LaneOperator(Operator):
+    """An operator after the merge whose runtime is made per lane and segment: :meth:`make`."""
+
+    stateful = True
+
+    def make(self, ctx: LaneContext) -> Any:
+        """The accumulator (``push``/``flush``) for one lane and segment."""
+        raise NotImplementedError(type(self))
 
 
 AccumulatorFactory = Callable[..., Any]
@@ -175,12 +421,14 @@ def call_factory(factory: AccumulatorFactory, ctx: LaneContext) -> Any:
     return acc
 
 
-def function_id(fn: Callable[..., Any], version: str | int | None = None) -> str:
-    """How a user function enters the fingerprint: its qualified name, plus ``version`` if given."""
-    target = getattr(fn, "func", fn)  # functools.partial
-    module = getattr(target, "__module__", None) or type(target).__module__
-    qual = getattr(target, "__qualname__", None) or type(target).__qualname__
-    out = f"{module}:{qual}"
-    if target is not fn:  # partial: its bound arguments are part of what it does
-        out += f"(*{getattr(fn, 'args', ())!r}, **{getattr(fn, 'keywords', {})!r})"
-    return out if version is None else f"{out}@{version}"
+def positive_int(value: Any, what: str) -> int:
+    """``value`` if it is an integer >= 1 (not a bool), else a :class:`PipelineError` naming ``what``."""
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise PipelineError(f"{what} must be a positive integer, got {value!r}")
+    return value
+
+
+def choice(value: Any, choices: Sequence[str], what: str) -> str:
+    if value not in choices:
+        raise PipelineError(f"{what}={value!r}: use one of {tuple(choices)}")
+    return value

@@ -30,11 +30,11 @@ import math
 from fractions import Fraction
 from typing import Any, Iterable, Mapping, Sequence
 
+from ..errors import PipelineError
 from ..records import INPUT_IDS
-from .base import Merge
+from ..specs import MIX_BY
+from .base import BindContext, LaneContext, LaneOperator, Merge, choice
 from .schedule import Schedule, weights_in_force
-
-MIX_BY = ("tokens", "documents")
 MAX_DENOMINATOR = 10_000  # weights are read as exact ratios with denominators up to this
 
 
@@ -54,21 +54,61 @@ def integer_strides(weights: Sequence[float]) -> list[int]:
     return [m // i for i in ints]
 
 
-class Mix(Merge):
-    """The weighted fair mixer over the pipeline's sources (see the module docstring).
+class Mix(LaneOperator):
+    """Where the sources meet: an exact mixture by ``"tokens"`` or ``"documents"`` (see the module docstring).
 
-    ``weights`` is one weight per source, in source order (the pipeline passes the sources' weights,
-    or ``mix(weights={...})``); ``schedule`` changes them over steps; ``clock`` is the lane's step clock
-    (needed for a schedule or interventions; its ``events`` are the interventions in force).
+    Args:
+        by: what the weights count, ``"tokens"`` or ``"documents"``.
+        weights: source name -> weight (every source once); None: the sources' own weights.
+        schedule: a :class:`~zephon.ops.schedule.Schedule` changing the weights over training steps.
     """
 
-    kind = "mix"
+    op = "mix"
+
+    def __init__(self, by: str = "tokens", weights: Mapping[str, float] | None = None,
+                 schedule: Schedule | None = None) -> None:
+        super().__init__()
+        choice(by, MIX_BY, "mix(by)")
+        if schedule is not None and not isinstance(schedule, Schedule):
+            raise PipelineError(f"mix(schedule=...): pass a zephon.Schedule, got {schedule!r}")
+        if weights is not None:
+            if not isinstance(weights, Mapping):
+                raise PipelineError(f"mix(weights=...): a mapping of source name -> weight is needed, got {weights!r}")
+            for k, w in weights.items():
+                if isinstance(w, bool) or not isinstance(w, (int, float)) or not 0 < w < math.inf:
+                    raise PipelineError(f"mix(weights=...): weight of '{k}' must be a finite number > 0, got {w!r}")
+        self.by, self.weights, self.schedule = by, dict(weights) if weights is not None else None, schedule
+        self._weights: tuple[float, ...] = ()
+        self._names: tuple[str, ...] = ()
+
+    def bind(self, ctx: BindContext) -> "Mix":
+        """A copy with the weights in source order (the sources' own when ``weights`` is None)."""
+        if self.weights is not None and set(self.weights) != set(ctx.sources):
+            raise PipelineError(f"mix(weights=...) must name every source once: got {sorted(self.weights)}, "
+                                f"sources are {sorted(ctx.sources)}")
+        if self.schedule is not None:
+            try:
+                self.schedule.check_sources(ctx.sources)
+            except ValueError as exc:
+                raise PipelineError(f"mix(schedule=...): {exc}") from None
+        weights = ctx.weights if self.weights is None else tuple(self.weights[n] for n in ctx.sources)
+        return self._bound(_weights=tuple(weights), _names=tuple(ctx.sources))
+
+    def make(self, ctx: LaneContext) -> "Mixer":
+        return Mixer(self._weights, self.by, self._names, self.schedule, ctx.clock)
+
+
+class Mixer(Merge):
+    """The weighted fair mixer over the pipeline's sources (see the module docstring).
+
+    ``weights`` is one weight per source, in source order; ``schedule`` changes them over steps; ``clock`` is
+    the lane's step clock (needed for a schedule or interventions; its ``events`` are the interventions in
+    force).
+    """
 
     def __init__(self, weights: Sequence[float], by: str = "tokens", names: Sequence[str] = (),
                  schedule: Schedule | None = None, clock: Any = None) -> None:
-        if by not in MIX_BY:
-            raise ValueError(f"mix(by={by!r}): use one of {MIX_BY}")
-        super().__init__("mix")
+        choice(by, MIX_BY, "mix(by)")
         self.by, self.names = by, tuple(names)
         self.raw_weights = [float(w) for w in weights]
         self.by_tokens = by == "tokens"
@@ -95,13 +135,6 @@ class Mix(Merge):
                 k += 1
         self.total_weight = sum(self.weights)
         self._taken = [0] * len(weights)
-
-    def describe(self) -> dict[str, Any]:
-        d: dict[str, Any] = {"op": self.kind, "by": self.by,
-                             "weights": dict(zip(self.names, self.raw_weights)) if self.names else self.raw_weights}
-        if self.schedule is not None:
-            d["schedule"] = self.schedule.describe()
-        return d
 
     def _refresh(self) -> None:
         """The weights in force for the step of the next decision (a schedule or interventions)."""

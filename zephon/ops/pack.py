@@ -73,16 +73,60 @@ from typing import Any, Iterable, Mapping
 
 import numpy as np
 
+from ..errors import PipelineError, StateError
 from ..records import IGNORE, INPUT_IDS, Flush, Row, doc_tail
-from ..errors import StateError
-from .base import Accumulator, LaneContext
+from ..specs import PACK_ALGORITHMS
+from .base import Accumulator, BindContext, LaneContext, LaneOperator, choice, positive_int
 from .image_layout import (BIG, IMAGE_SPANS, NO_LIMITS, ImageLimits, ImageTooLarge, cut_points, patch_counts, piece,
                            safe_cut, spans_of, too_large)
 
-PACK_ALGORITHMS = ("best_fit", "first_fit", "wrap")
+class Pack(LaneOperator):
+    """Pack documents into rows of ``seq_len`` tokens: ``best_fit``, ``first_fit`` or ``wrap`` (see the module
+    docstring). The lane's last operator before ``batch``: its rows are the lane's rows.
+
+    Args:
+        seq_len: tokens per row (at least 2).
+        algorithm: ``"best_fit"``, ``"first_fit"`` or ``"wrap"``.
+        max_open_bins: open rows kept by best and first fit.
+        pad_id: the id written on padding positions (None: the tokenizer's pad id).
+        max_images_per_row, max_patches_per_row: what one row may give the vision encoder (None: no limit).
+    """
+
+    op = "pack"
+
+    def __init__(self, seq_len: int, algorithm: str = "best_fit", max_open_bins: int = 16,
+                 pad_id: int | None = None, max_images_per_row: int | None = None,
+                 max_patches_per_row: int | None = None) -> None:
+        super().__init__()
+        positive_int(seq_len, "pack(seq_len=...)")
+        if seq_len < 2:
+            raise PipelineError(f"pack(seq_len={seq_len}): at least 2 tokens per row")
+        for what, v in (("max_images_per_row", max_images_per_row), ("max_patches_per_row", max_patches_per_row)):
+            if v is not None:
+                positive_int(v, f"pack({what}=...)")
+        choice(algorithm, PACK_ALGORITHMS, "pack(algorithm)")
+        positive_int(max_open_bins, "pack(max_open_bins=...)")
+        if pad_id is not None and (not isinstance(pad_id, int) or isinstance(pad_id, bool) or pad_id < 0):
+            raise PipelineError(f"pack(pad_id={pad_id!r}): a non-negative token id is needed")
+        self.seq_len, self.algorithm, self.pad_id = seq_len, algorithm, pad_id
+        self.max_open_bins = max_open_bins if algorithm != "wrap" else None  # wrap keeps one open row
+        self.max_images_per_row, self.max_patches_per_row = max_images_per_row, max_patches_per_row
+        self._fields: Mapping[str, tuple[Any, Any]] = {INPUT_IDS: (np.int32, 0)}
+
+    @property
+    def limits(self) -> ImageLimits:
+        """The per-row image limits."""
+        return ImageLimits(self.max_images_per_row, self.max_patches_per_row)
+
+    def bind(self, ctx: BindContext) -> "Pack":
+        """A copy that packs every per-token field of the pipeline."""
+        return self._bound(_fields=dict(ctx.token_fields) or {INPUT_IDS: (np.int32, 0)})
+
+    def make(self, ctx: LaneContext) -> "Packer":
+        return Packer(ctx, self.seq_len, self.algorithm, self.max_open_bins or 1, self._fields, self.limits)
 
 
-class Pack(Accumulator):
+class Packer(Accumulator):
     """Turns documents into rows of ``seq_len`` tokens (see the module docstring).
 
     ``fields``: the per-token fields to pack, ``{name: (dtype, default)}`` with ``input_ids`` first (the
@@ -91,15 +135,11 @@ class Pack(Accumulator):
     resumed lane restarts at. ``limits``: the images and patches one row may hold (documents with images).
     """
 
-    kind = "pack"
-
     def __init__(self, ctx: LaneContext, seq_len: int, algorithm: str = "best_fit", max_open_bins: int = 16,
                  fields: Mapping[str, tuple[Any, Any]] | None = None, limits: ImageLimits | None = None) -> None:
-        if algorithm not in PACK_ALGORITHMS:
-            raise ValueError(f"pack(algorithm={algorithm!r}): use one of {PACK_ALGORITHMS}")
+        choice(algorithm, PACK_ALGORITHMS, "pack(algorithm)")
         if ctx.carry < 0:
             raise ValueError(f"carry must be >= 0, got {ctx.carry}")
-        super().__init__("pack")
         self.seq_len, self.algorithm = seq_len, algorithm
         self.max_open = 1 if algorithm == "wrap" else max_open_bins
         self.fields = dict(fields or {INPUT_IDS: (np.int32, 0)})
@@ -122,10 +162,6 @@ class Pack(Accumulator):
         self._cap_images = BIG if self.limits.max_images is None else self.limits.max_images
         self._cap_patches = BIG if self.limits.max_patches is None else self.limits.max_patches
         self._flushing = False  # a row closed early while the open bins are wrapped up: a sentinel's cost
-
-    def describe(self) -> dict[str, Any]:
-        return {"op": self.kind, "seq_len": self.seq_len, "algorithm": self.algorithm,
-                "max_open_bins": self.max_open if self.algorithm != "wrap" else None, **self.limits.describe()}
 
     # -- emission -------------------------------------------------------------------------------
     def _new_bin(self) -> Row:

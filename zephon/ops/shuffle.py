@@ -11,24 +11,35 @@ from __future__ import annotations
 
 from typing import Any, Iterable
 
-from .base import Accumulator, LaneContext
+from .base import Accumulator, LaneContext, LaneOperator, positive_int
 
 PURPOSE = 0x5348  # separates shuffle draws from any other use of (seed, lane, segment)
 
 
-class Shuffle(Accumulator):
+class Shuffle(LaneOperator):
+    """A seeded shuffle within a window of ``buffer`` records, per lane, drained at each sentinel.
+
+    Args:
+        buffer: the records held (a larger window mixes more, and holds more in memory).
+    """
+
+    op = "shuffle"
+
+    def __init__(self, buffer: int) -> None:
+        super().__init__()
+        self.buffer = positive_int(buffer, "shuffle(buffer=...)")
+
+    def make(self, ctx: LaneContext) -> "ShuffleBuffer":
+        return ShuffleBuffer(ctx, self.buffer)
+
+
+class ShuffleBuffer(Accumulator):
     """Emits records in a seeded random order within a window of ``size`` records."""
 
-    kind = "shuffle"
-
     def __init__(self, ctx: LaneContext, size: int) -> None:
-        super().__init__("shuffle")
         self.ctx, self.size = ctx, size
         self._buf: list[Any] = []
         self._rng = ctx.rng(PURPOSE)
-
-    def describe(self) -> dict[str, Any]:
-        return {"op": self.kind, "buffer": self.size}
 
     def _pop_random(self) -> Any:
         buf = self._buf

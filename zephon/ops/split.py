@@ -25,7 +25,7 @@ import numpy as np
 
 from ..records import IGNORE, INPUT_IDS, Chunk, cut_doc, doc_length
 from ..errors import SourceError
-from .base import Transform
+from .base import BindContext, Transform, positive_int
 from .image_layout import (IMAGE_GRID, IMAGE_SPANS, NO_LIMITS, PER_IMAGE, ImageLimits, ImageTooLarge, cut_points,
                            images_in, patch_counts, piece, spans_of)
 
@@ -47,23 +47,27 @@ def piece_bounds(offsets: np.ndarray, max_tokens: int) -> tuple[np.ndarray, np.n
 
 
 class Split(Transform):
-    """Cut documents into pieces of at most ``max_tokens`` tokens (see the module docstring)."""
+    """Cut documents into pieces of at most ``max_tokens`` tokens (see the module docstring).
 
-    kind = "split"
+    Args:
+        max_tokens: the longest piece.
+        name, sources, executor: as for every operator.
+    """
+
+    op = "split"
 
     def __init__(self, max_tokens: int, name: str | None = None, sources: Sequence[str] | None = None,
                  executor: str | None = None) -> None:
-        if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
-            raise ValueError(f"split(max_tokens={max_tokens!r}): a positive integer is needed")
         super().__init__(name, sources, executor)
-        self.max_tokens = max_tokens
-        self.token_names: tuple[str, ...] = (INPUT_IDS,)  # set by the pipeline: every per-token field
-        self.limits: ImageLimits = NO_LIMITS  # set by the pipeline: the packer's per-row image limits
+        self.max_tokens = positive_int(max_tokens, "split(max_tokens=...)")
+        self._token_names: tuple[str, ...] = (INPUT_IDS,)  # bound by the pipeline: every per-token field
+        self._limits: ImageLimits = NO_LIMITS  # bound by the pipeline: the packer's per-row image limits
 
-    def describe(self) -> dict[str, Any]:
-        return {**super().describe(), "max_tokens": self.max_tokens}
+    def bind(self, ctx: BindContext) -> "Split":
+        """A copy that cuts every per-token field of the pipeline, within the packer's image limits."""
+        return self._bound(_token_names=tuple(ctx.token_fields) or (INPUT_IDS,), _limits=ctx.limits or NO_LIMITS)
 
-    def apply(self, chunk: Chunk) -> Chunk:
+    def _apply_chunk(self, chunk: Chunk) -> Chunk:
         if not chunk.token_fields:
             raise ValueError(f"operator '{self.name}' needs documents: put .tokenize() before .split()")
         assert chunk.offsets is not None
@@ -97,7 +101,7 @@ class Split(Transform):
 
     def _cuts(self, spans: np.ndarray | None, patches: list[int], n: int, where: Any) -> list[int]:
         try:
-            return cut_points(spans, patches, n, self.max_tokens, self.limits)
+            return cut_points(spans, patches, n, self.max_tokens, self._limits)
         except ImageTooLarge as exc:
             raise SourceError(f"operator '{self.name}': {where()}: {exc}") from None
 
@@ -129,17 +133,17 @@ class Split(Transform):
             for k in cols:
                 cols[k][i] = part[k]
 
-    def apply_records(self, records: list[Any]) -> list[Any]:
+    def _apply_records(self, records: list[Any]) -> list[Any]:
         out = []
         for rec in records:
             spans = spans_of(rec)
             if spans is not None:
                 n = doc_length(rec)
                 bounds = [0, *self._cuts(spans, patch_counts(rec), n, lambda: "a document"), n]
-                out += [piece(rec, a, b, self.token_names) for a, b in zip(bounds[:-1], bounds[1:])]
+                out += [piece(rec, a, b, self._token_names) for a, b in zip(bounds[:-1], bounds[1:])]
                 continue
             while doc_length(rec) > self.max_tokens:
-                head, rec = cut_doc(rec, self.max_tokens, self.token_names)
+                head, rec = cut_doc(rec, self.max_tokens, self._token_names)
                 out.append(head)
             out.append(rec)
         return out

@@ -19,9 +19,9 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ..errors import SourceError
+from ..errors import PipelineError, SourceError
 from ..records import INPUT_IDS, Chunk, Doc, TokenColumn
-from ..specs import TokenizerSpec, tokenizer_description
+from ..specs import TokenizerSpec
 from ..tokenization import Tokenizer, load_tokenizer
 from .base import Transform
 
@@ -48,39 +48,49 @@ def _all_text(texts: list) -> bool:
 
 
 class Tokenize(Transform):
-    """Tokenize ``field`` of every record into ``input_ids`` (see the module docstring)."""
+    """Tokenize ``field`` of every record into ``input_ids`` (see the module docstring).
 
-    kind = "tokenize"
+    Args:
+        tokenizer: ``zephon.tokenizer(path)``.
+        field: the record field holding the text (or token-id lists of a pre-tokenized source).
+        add_eos, add_bos: override the tokenizer's framing (None: as the tokenizer says).
+        keep_field: keep the text field as a payload of the document.
+        name, sources, executor: as for every operator.
+    """
+
+    op = "tokenize"
 
     def __init__(self, tokenizer: TokenizerSpec, field: str = "text", add_eos: bool | None = None,
                  add_bos: bool | None = None, keep_field: bool = False, name: str | None = None,
                  sources: Sequence[str] | None = None, executor: str | None = None) -> None:
         super().__init__(name, sources, executor)
-        changes = {k: v for k, v in (("add_eos", add_eos), ("add_bos", add_bos)) if v is not None}
-        self.spec = replace(tokenizer, **changes) if changes else tokenizer
-        self.field, self.keep_field = field, keep_field
+        if not isinstance(tokenizer, TokenizerSpec):
+            raise PipelineError(f"{self.op}(tokenizer=...): pass zephon.tokenizer(path), got {tokenizer!r}")
+        self.tokenizer, self.field, self.add_eos, self.add_bos = tokenizer, field, add_eos, add_bos
+        self.keep_field = keep_field
         self._tok: Tokenizer | None = None
 
-    def describe(self) -> dict[str, Any]:
-        d = {**super().describe(), "field": self.field, "tokenizer": tokenizer_description(self.spec)}
-        if self.keep_field:
-            d["keep_field"] = True
-        return d
+    @property
+    def spec(self) -> TokenizerSpec:
+        """The tokenizer with this operator's framing (``add_eos``/``add_bos``)."""
+        changes = {k: v for k, v in (("add_eos", self.add_eos), ("add_bos", self.add_bos)) if v is not None}
+        return replace(self.tokenizer, **changes) if changes else self.tokenizer
 
     @property
-    def tokenizer(self) -> Tokenizer:
+    def loaded(self) -> Tokenizer:
+        """The loaded tokenizer (one per process and spec)."""
         if self._tok is None:
             self._tok = shared_tokenizer(self.spec)
         return self._tok
 
     def setup(self) -> None:
-        self.tokenizer  # noqa: B018 - load now, not on the first chunk
+        self.loaded  # noqa: B018 - load now, not on the first chunk
 
     def __getstate__(self) -> dict:
         return {**self.__dict__, "_tok": None}  # workers load their own
 
     # -- chunks ----------------------------------------------------------------------------------------
-    def apply(self, chunk: Chunk) -> Chunk:
+    def _apply_chunk(self, chunk: Chunk) -> Chunk:
         if INPUT_IDS in chunk.token_fields:
             raise SourceError(f"operator '{self.name}': the records of source {chunk.source} are already tokenized "
                               f"({chunk.path}); tokenize each source once (use sources=[...] to pick them).")
@@ -111,7 +121,7 @@ class Tokenize(Transform):
                     raise SourceError(f"operator '{self.name}': field '{self.field}' of {chunk.where(k)} holds "
                                       f"{type(t).__name__}, not text. Point tokenize(field=...) at a text field.")
         chunk.count("blank_records", len(texts) - len(keep))
-        tokens, offsets = self.tokenizer.encode(texts if len(keep) == len(texts) else [texts[k] for k in keep])
+        tokens, offsets = self.loaded.encode(texts if len(keep) == len(texts) else [texts[k] for k in keep])
         kept = np.arange(len(texts), dtype=np.int64) if isinstance(keep, range) else np.asarray(keep, dtype=np.int64)
         lengths = np.diff(offsets)
         if len(lengths) and not lengths.all():  # documents that tokenize to nothing
@@ -124,7 +134,7 @@ class Tokenize(Transform):
         return tokens, offsets, kept
 
     def _frame(self, chunk: Chunk, rows: TokenColumn) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        tok = self.tokenizer
+        tok = self.loaded
         lengths = np.diff(rows.offsets)
         keep = lengths > 0
         if rows.valid is not None:
@@ -146,10 +156,10 @@ class Tokenize(Transform):
         return tokens, offsets, np.flatnonzero(keep)
 
     # -- records in a lane -----------------------------------------------------------------------------
-    def apply_records(self, records: list[Any]) -> list[Any]:
+    def _apply_records(self, records: list[Any]) -> list[Any]:
         texts = [r.get(self.field) for r in records]
         keep = [k for k, t in enumerate(texts) if isinstance(t, str) and t and not t.isspace()]
-        tokens, offsets = self.tokenizer.encode([texts[k] for k in keep])
+        tokens, offsets = self.loaded.encode([texts[k] for k in keep])
         out = []
         for j, k in enumerate(keep):
             a, b = int(offsets[j]), int(offsets[j + 1])

@@ -112,8 +112,8 @@ class MegatronBatches:
 
     def micro_batch(self, batch: dict[str, torch.Tensor], rows: slice) -> dict[str, torch.Tensor]:
         """Megatron's dict for ``rows`` of a Zephon batch (see the module docstring)."""
-        from zephon.batch_rows import select_rows
-        from zephon.collate_images import IMAGE_KEYS
+        from zephon.batches.rows import select_rows
+        from zephon.batches.images import IMAGE_KEYS
 
         part = select_rows(batch, rows)
         labels = part["labels"].clone()
@@ -209,7 +209,7 @@ class EvaluationBatches(MegatronBatches):
 def image_layout(recipe: Any) -> tuple[str, str] | None:
     """``(pixels, positions)`` of a pipeline whose batches carry images or mrope positions (its
     ``batch(pixels=, positions=)``), None for a text pipeline with 1-D positions."""
-    from zephon.loader import as_pipeline
+    from zephon.recipe import as_pipeline
 
     steps = as_pipeline(recipe).steps
     batch = next((s for s in steps if getattr(s, "kind", None) == "batch"), None)

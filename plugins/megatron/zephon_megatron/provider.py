@@ -182,7 +182,7 @@ def _reads_whole(recipe: Any, option: str) -> bool:
     """Whether every evaluation reads the validation recipe whole: True when its sources stop (``passes``),
     False when they repeat (one continuing stream across evaluations). A mixture of both never ends, and
     ``partial_batch = "drop"`` would leave the set's last rows out of every evaluation: both are refused."""
-    from zephon.loader import as_pipeline
+    from zephon.recipe import as_pipeline
 
     pipe = as_pipeline(recipe)
     passes = {s.name: s.passes for s in pipe.sources}

@@ -33,7 +33,7 @@ from torchtitan.tools.logging import logger
 
 import zephon
 from zephon import Recipe
-from zephon.collate_images import IMAGE_KEYS
+from zephon.batches.images import IMAGE_KEYS
 
 #: ``[tokenizer] path`` value that means "the trainer's Hugging Face tokenizer" (``--hf_assets_path``).
 TRAINER_TOKENIZER = "@hf_assets_path"
@@ -105,7 +105,7 @@ def end_policy(recipe: Any) -> tuple[bool, str]:
     """``(ends, partial)`` of a recipe (or builder pipeline): whether it ends (every source stops after its
     ``passes``; a source that repeats keeps the data going for ever), and what happens to the last, partial
     global batch (``"pad"`` or ``"drop"``)."""
-    from zephon.loader import as_pipeline
+    from zephon.recipe import as_pipeline
 
     pipe = as_pipeline(recipe)
     batch = next((s for s in pipe.steps if s.kind == "batch"), None)

@@ -53,13 +53,12 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from .batch_buffers import UNPOOLED, BatchBuffers
-from .ops.image_layout import IMAGE_GRID, IMAGE_SPANS, IMAGES
-from .records import Row
+from ..ops.batch import PIXEL_MODES, POSITION_MODES
+from ..ops.image_layout import IMAGE_GRID, IMAGE_SPANS, IMAGES
+from ..records import Row
+from .buffers import UNPOOLED, BatchBuffers
 
-PIXEL_MODES = ("flat", "fixed", "lists")
 IMAGE_KEYS = ("pixel_values", "image_grid_thw", "image_row", "image_token_start", "image_mask")  # any a mode gives
-POSITION_MODES = ("1d", "mrope")
 
 
 @dataclass(frozen=True)

@@ -16,10 +16,10 @@ from typing import Mapping, Sequence
 import numpy as np
 import torch
 
-from .batch_buffers import UNPOOLED, BatchBuffers
-from .collate_images import ImageBatch, image_keys
-from .ops.image_layout import PER_IMAGE
-from .records import IGNORE, INPUT_IDS, LOSS_MASK, Row
+from ..ops.image_layout import PER_IMAGE
+from ..records import IGNORE, INPUT_IDS, LOSS_MASK, Row
+from .buffers import UNPOOLED, BatchBuffers
+from .images import ImageBatch, image_keys
 
 HASHED_KEYS = ("input_ids", "labels", "position_ids", "segment_ids", "loss_mask")
 UNHASHED_KEYS = ("cu_seqlens",)  # rank-relative, derived from segment_ids

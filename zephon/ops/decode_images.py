@@ -11,7 +11,7 @@ folder of the data file that holds the record (a local dataset; a path that leav
 absolute one or one through a symbolic link that leaves it, is refused as ``bad_path``). A list may hold
 ``None`` entries: the text slots of an interleaved document (below).
 
-**Record layouts** (what :mod:`zephon.ops.image_tokens` turns into tokens):
+**Record layouts** (what :mod:`zephon.ops.tokenize_images` turns into tokens):
 
 - *pairs*: a text field (a caption, with ``<image>`` placeholders or none) and an image field with
   one image or a list;
@@ -68,9 +68,9 @@ import numpy as np
 
 from ..imaging import (BAD_REASONS, DEFAULT_MAX_IMAGE_PIXELS, JPEG_DECODERS, RESAMPLE, BadImage, ImageSpec,
                        decode_image, patchify)
-from ..errors import SourceError
+from ..errors import PipelineError, SourceError
 from ..records import Chunk
-from .base import Transform
+from .base import Transform, choice, positive_int
 
 ON_BAD_IMAGE = ("skip", "drop_record", "raise")
 IMAGES, IMAGE_GRID = "images", "image_grid_thw"
@@ -95,7 +95,7 @@ class DecodeImages(Transform):
     with the other one is refused rather than silently different.
     """
 
-    kind = "decode_images"
+    op = "decode_images"
 
     def __init__(self, field: str = "image", *, size: int | Sequence[int] | None = None, max_pixels: int | None = None,
                  min_pixels: int = 56 * 56, patch_size: int = 14, merge: int = 1, patchify: bool = True,
@@ -105,63 +105,41 @@ class DecodeImages(Transform):
                  executor: str | None = None) -> None:
         super().__init__(name, sources, executor)
         if not isinstance(field, str) or not field:
-            raise ValueError(f"decode_images(field={field!r}): the name of the field that holds the images is needed")
+            raise PipelineError(f"decode_images(field={field!r}): the name of the field that holds the images is "
+                                f"needed")
         for what, v in (("patch_size", patch_size), ("merge", merge), ("min_pixels", min_pixels),
                         ("max_image_pixels", max_image_pixels)):
-            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-                raise ValueError(f"decode_images({what}={v!r}): a positive integer is needed")
+            positive_int(v, f"decode_images({what}=...)")
         if (size is None) == (max_pixels is None):
-            raise ValueError("decode_images: give size= (resize and centre-crop to a fixed size) or max_pixels= "
-                             "(keep the aspect ratio, at most that many pixels), exactly one of them")
+            raise PipelineError("decode_images: give size= (resize and centre-crop to a fixed size) or max_pixels= "
+                                "(keep the aspect ratio, at most that many pixels), exactly one of them")
         factor = patch_size * merge
         crop: tuple[int, int] | None = None
         if size is not None:
             crop = (size, size) if isinstance(size, int) and not isinstance(size, bool) else tuple(size)  # type: ignore
             if len(crop) != 2 or not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in crop):
-                raise ValueError(f"decode_images(size={size!r}): an int or (height, width) of positive ints is needed")
+                raise PipelineError(f"decode_images(size={size!r}): an int or (height, width) of positive ints is "
+                                    f"needed")
             if crop[0] % factor or crop[1] % factor:
-                raise ValueError(f"decode_images(size={size!r}): each side must be a multiple of patch_size * merge "
-                                 f"= {factor}")
+                raise PipelineError(f"decode_images(size={size!r}): each side must be a multiple of patch_size * "
+                                    f"merge = {factor}")
         elif not isinstance(max_pixels, int) or isinstance(max_pixels, bool) or max_pixels < factor * factor:
-            raise ValueError(f"decode_images(max_pixels={max_pixels!r}): an integer of at least (patch_size * "
-                             f"merge)**2 = {factor * factor} is needed")
+            raise PipelineError(f"decode_images(max_pixels={max_pixels!r}): an integer of at least (patch_size * "
+                                f"merge)**2 = {factor * factor} is needed")
         elif min_pixels > max_pixels:
-            raise ValueError(f"decode_images(min_pixels={min_pixels}) exceeds max_pixels={max_pixels}")
-        if resample not in RESAMPLE:
-            raise ValueError(f"decode_images(resample={resample!r}): use one of {RESAMPLE}")
-        if on_bad_image not in ON_BAD_IMAGE:
-            raise ValueError(f"decode_images(on_bad_image={on_bad_image!r}): use one of {ON_BAD_IMAGE}")
+            raise PipelineError(f"decode_images(min_pixels={min_pixels}) exceeds max_pixels={max_pixels}")
+        choice(resample, RESAMPLE, "decode_images(resample)")
+        choice(on_bad_image, ON_BAD_IMAGE, "decode_images(on_bad_image)")
         decoder = default_jpeg_decoder() if jpeg_decoder == "auto" else jpeg_decoder
-        if decoder not in JPEG_DECODERS:
-            raise ValueError(f"decode_images(jpeg_decoder={jpeg_decoder!r}): use 'auto' or one of {JPEG_DECODERS}")
-        self.field, self.keep_field, self.patchify, self.on_bad_image = field, keep_field, patchify, on_bad_image
-        self.spec = ImageSpec(mode="crop" if crop else "fit", size=crop, min_pixels=min_pixels,
-                              max_pixels=max_pixels or 0, patch_size=patch_size, merge=merge, resample=resample,
-                              max_image_pixels=max_image_pixels, jpeg_decoder=decoder, reduced_decode=reduced_decode)
-
-    @property
-    def merge(self) -> int:
-        return self.spec.merge
-
-    def describe(self) -> dict[str, Any]:
-        s = self.spec
-        d = {**super().describe(), "field": self.field, "mode": s.mode, "patch_size": s.patch_size, "merge": s.merge,
-             "patchify": self.patchify, "resample": s.resample, "max_image_pixels": s.max_image_pixels,
-             "on_bad_image": self.on_bad_image, "jpeg_decoder": s.jpeg_decoder, "reduced_decode": s.reduced_decode}
-        d.update({"size": list(s.size)} if s.size else {"max_pixels": s.max_pixels, "min_pixels": s.min_pixels})
-        if self.keep_field:
-            d["keep_field"] = True
-        return d
-
-    def to_table(self) -> dict[str, Any]:
-        """The keyword arguments that rebuild this operator (a ``[[steps]]`` table)."""
-        s = self.spec
-        t: dict[str, Any] = {"field": self.field, "patch_size": s.patch_size, "merge": s.merge,
-                             "patchify": self.patchify, "resample": s.resample, "max_image_pixels": s.max_image_pixels,
-                             "on_bad_image": self.on_bad_image, "jpeg_decoder": s.jpeg_decoder,
-                             "reduced_decode": s.reduced_decode, "keep_field": self.keep_field}
-        t.update({"size": list(s.size)} if s.size else {"max_pixels": s.max_pixels, "min_pixels": s.min_pixels})
-        return t
+        choice(decoder, JPEG_DECODERS, "decode_images(jpeg_decoder) ('auto' or one of those)")
+        self.field, self.size, self.max_pixels = field, crop, max_pixels
+        self.min_pixels = None if crop else min_pixels  # a fixed size has no lower bound
+        self.patch_size, self.merge, self.patchify, self.resample = patch_size, merge, patchify, resample
+        self.max_image_pixels, self.on_bad_image = max_image_pixels, on_bad_image
+        self.jpeg_decoder, self.reduced_decode, self.keep_field = decoder, reduced_decode, keep_field
+        self._spec = ImageSpec(mode="crop" if crop else "fit", size=crop, min_pixels=min_pixels,
+                               max_pixels=max_pixels or 0, patch_size=patch_size, merge=merge, resample=resample,
+                               max_image_pixels=max_image_pixels, jpeg_decoder=decoder, reduced_decode=reduced_decode)
 
     # -- one image ---------------------------------------------------------------------------------------
     def _one(self, item: Any, root: str) -> tuple[np.ndarray, tuple[int, int, int]]:
@@ -172,10 +150,10 @@ class DecodeImages(Transform):
                 data = read_image_path(item["path"], root)
         elif isinstance(item, str):
             data = read_image_path(item, root)
-        pixels = decode_image(data, self.spec)
-        p = self.spec.patch_size
+        pixels = decode_image(data, self._spec)
+        p = self._spec.patch_size
         grid = (1, pixels.shape[0] // p, pixels.shape[1] // p)
-        return (patchify(pixels, p, self.spec.merge) if self.patchify else pixels), grid
+        return (patchify(pixels, p, self._spec.merge) if self.patchify else pixels), grid
 
     def _bad(self, chunk: Chunk, j: int, exc: BadImage) -> None:
         if self.on_bad_image == "raise":
@@ -187,7 +165,7 @@ class DecodeImages(Transform):
         chunk.count(f"skipped_images.{exc.reason}")
 
     # -- a chunk -----------------------------------------------------------------------------------------
-    def apply(self, chunk: Chunk) -> Chunk:
+    def _apply_chunk(self, chunk: Chunk) -> Chunk:
         if self.field not in chunk.columns:
             raise SourceError(f"operator '{self.name}': records of {chunk.path} have no field '{self.field}' "
                               f"(fields: {', '.join(chunk.columns) or 'none'}). Set decode_images(field=...) to the "

@@ -31,15 +31,14 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ..errors import SourceError
+from ..errors import PipelineError, SourceError
 from ..records import INPUT_IDS, LOSS_MASK, Chunk
 from ..specs import TokenizerSpec
 from ..tokenization import Tokenizer
-from .base import Transform
-from .image import IMAGE_GRID, IMAGES
+from .base import Transform, choice, positive_int
+from .decode_images import IMAGE_GRID, IMAGES
 from .image_layout import IMAGE_SPANS
 from .tokenize import shared_tokenizer
-from ..specs import tokenizer_description
 
 UNPLACED = ("before", "after")
 
@@ -52,7 +51,7 @@ class TokenizeImages(Transform):
     token along each side (the decode operator's ``merge``).
     """
 
-    kind = "tokenize_images"
+    op = "tokenize_images"
     token_fields = {LOSS_MASK: (np.uint8, 1)}
 
     def __init__(self, tokenizer: TokenizerSpec, field: str = "text", *, image_pad: int | str,
@@ -61,36 +60,35 @@ class TokenizeImages(Transform):
                  add_eos: bool | None = None, add_bos: bool | None = None, keep_field: bool = False,
                  name: str | None = None, sources: Sequence[str] | None = None, executor: str | None = None) -> None:
         super().__init__(name, sources, executor)
+        if not isinstance(tokenizer, TokenizerSpec):
+            raise PipelineError(f"tokenize_images(tokenizer=...): pass zephon.tokenizer(path), got {tokenizer!r}")
         for what, v in (("image_pad", image_pad), ("image_start", image_start), ("image_end", image_end)):
             ok = v is None and what != "image_pad" or isinstance(v, str) and v or \
                 isinstance(v, int) and not isinstance(v, bool) and v >= 0
             if not ok:
-                raise ValueError(f"tokenize_images({what}={v!r}): a token id (int >= 0) or a token's text is needed")
-        if not isinstance(merge, int) or isinstance(merge, bool) or merge < 1:
-            raise ValueError(f"tokenize_images(merge={merge!r}): a positive integer is needed")
+                raise PipelineError(f"tokenize_images({what}={v!r}): a token id (int >= 0) or a token's text is "
+                                    f"needed")
+        positive_int(merge, "tokenize_images(merge=...)")
         if not isinstance(placeholder, str) or not placeholder:
-            raise ValueError(f"tokenize_images(placeholder={placeholder!r}): a non-empty string is needed")
-        if unplaced_images not in UNPLACED:
-            raise ValueError(f"tokenize_images(unplaced_images={unplaced_images!r}): use one of {UNPLACED}")
-        changes = {k: v for k, v in (("add_eos", add_eos), ("add_bos", add_bos)) if v is not None}
-        self.spec = replace(tokenizer, **changes) if changes else tokenizer
-        self.field, self.placeholder, self.unplaced = field, placeholder, unplaced_images
+            raise PipelineError(f"tokenize_images(placeholder={placeholder!r}): a non-empty string is needed")
+        choice(unplaced_images, UNPLACED, "tokenize_images(unplaced_images)")
+        self.tokenizer, self.field, self.placeholder, self.unplaced_images = tokenizer, field, placeholder, \
+            unplaced_images
         self.image_pad, self.image_start, self.image_end = image_pad, image_start, image_end
         self.merge, self.loss_on_images, self.keep_field = merge, loss_on_images, keep_field
+        self.add_eos, self.add_bos = add_eos, add_bos
         self._tok: Tokenizer | None = None
         self._ids: tuple[int | None, int, int | None] | None = None
 
-    def describe(self) -> dict[str, Any]:
-        return {**super().describe(), **self.to_table(), "tokenizer": tokenizer_description(self.spec)}
-
-    def to_table(self) -> dict[str, Any]:
-        """The keyword arguments that rebuild this operator, but the tokenizer (a ``[[steps]]`` table)."""
-        return {"field": self.field, "image_pad": self.image_pad, "image_start": self.image_start,
-                "image_end": self.image_end, "merge": self.merge, "placeholder": self.placeholder,
-                "unplaced_images": self.unplaced, "loss_on_images": self.loss_on_images, "keep_field": self.keep_field}
+    @property
+    def spec(self) -> TokenizerSpec:
+        """The tokenizer with this operator's framing (``add_eos``/``add_bos``)."""
+        changes = {k: v for k, v in (("add_eos", self.add_eos), ("add_bos", self.add_bos)) if v is not None}
+        return replace(self.tokenizer, **changes) if changes else self.tokenizer
 
     @property
-    def tokenizer(self) -> Tokenizer:
+    def loaded(self) -> Tokenizer:
+        """The loaded tokenizer (one per process and spec)."""
         if self._tok is None:
             self._tok = shared_tokenizer(self.spec)
         return self._tok
@@ -105,7 +103,7 @@ class TokenizeImages(Transform):
     def image_ids(self) -> tuple[int | None, int, int | None]:
         """``(start, pad, end)`` as ids of the tokenizer (start and end None when not used)."""
         if self._ids is None:
-            tok = self.tokenizer
+            tok = self.loaded
 
             def resolve(what: str, v: int | str | None) -> int | None:
                 if v is None:
@@ -153,18 +151,18 @@ class TokenizeImages(Transform):
             chunk.count("unmatched_placeholders", unmatched)
         placed = min(len(segments) - 1, len(images))
         rest = [(1, k) for k in range(placed, len(images)) if images[k] is not None]
-        if self.unplaced == "before":
+        if self.unplaced_images == "before":
             parts += rest
         for i, seg in enumerate(segments):
             add_text(seg)
             if i < placed and images[i] is not None:
                 parts.append((1, i))
-        if self.unplaced == "after":
+        if self.unplaced_images == "after":
             parts += rest
         return parts
 
     # -- a chunk -----------------------------------------------------------------------------------------
-    def apply(self, chunk: Chunk) -> Chunk:
+    def _apply_chunk(self, chunk: Chunk) -> Chunk:
         if INPUT_IDS in chunk.token_fields:
             raise SourceError(f"operator '{self.name}': the records of source {chunk.source} are already tokenized "
                               f"({chunk.path}); tokenize each source once (use sources=[...] to pick them).")
@@ -177,7 +175,7 @@ class TokenizeImages(Transform):
                               f"field that holds the caption or the interleaved texts.")
         texts = chunk.columns[self.field]
         all_images, all_grids = chunk.columns[IMAGES], chunk.columns[IMAGE_GRID]
-        tok = self.tokenizer
+        tok = self.loaded
         start, pad, end = self.image_ids
         pieces: list[str] = []
         layouts = [self._parts(chunk, j, texts[j], all_images[j] or [], pieces) for j in range(chunk.n)]

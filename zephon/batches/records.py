@@ -18,8 +18,8 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from .batch_buffers import UNPOOLED, BatchBuffers
-from .ops.record_rows import RecordRow
+from ..ops.batch import RecordRow
+from .buffers import UNPOOLED, BatchBuffers
 
 VALID = "valid"  # the padding mask's key
 

@@ -38,7 +38,6 @@ contract, kept equal to ``transformers`` (tests/test_chat.py compares both on hu
 from __future__ import annotations
 
 import datetime as _dt
-import hashlib
 import json
 from contextvars import ContextVar
 from pathlib import Path
@@ -46,18 +45,29 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ..errors import SourceError
+from ..errors import PipelineError, RecipeFileError, SourceError
 from ..records import INPUT_IDS, LOSS_MASK, Chunk, Doc, doc_source
 from ..specs import TokenizerSpec
-from .base import Transform
+from .base import Transform, choice
 from .tokenize import shared_tokenizer
-from ..specs import file_digest, tokenizer_description
 
 LOSS_ON = ("assistant", "last_assistant", "all")
 ON_ERROR = ("raise", "skip")
 #: ``strftime_now``'s day unless a pipeline sets ``date=``: a constant, so that templates that print the date
 #: render the same bytes in every run (changing it changes the fingerprint).
 DEFAULT_DATE = "2026-01-01"
+
+
+def read_template(template: str) -> str:
+    """A chat template given as a ``.jinja`` file or as its text: the text."""
+    if "{" in template or len(template) >= 4096:
+        return template
+    try:
+        return Path(template).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise RecipeFileError(f"tokenize_chat(template={template!r}): no template text (it has no Jinja tag) and "
+                              f"no readable file there ({type(exc).__name__}: {exc}). Pass the template text, or the "
+                              f"path to a .jinja file.") from None
 #: The skip reason of a record refused with ``on_error="skip"`` (``metrics()["skipped_by_reason"]``).
 SKIP_REASON = "invalid_conversations"
 # Names a message's reasoning goes under; transformers copies the first set one to the first two.
@@ -240,54 +250,47 @@ class TokenizeChat(Transform):
             skipped and counted as :data:`SKIP_REASON`).
     """
 
-    kind = "tokenize_chat"
+    op = "tokenize_chat"
     token_fields = {LOSS_MASK: (np.uint8, 1)}
 
     def __init__(self, tokenizer: TokenizerSpec, template: str | None, field: str = "messages",
                  loss_on: str = "assistant", add_eos: bool = False, name: str | None = None,
                  sources: Sequence[str] | None = None, executor: str | None = None, *,
                  add_generation_prompt: bool = False, date: Any = DEFAULT_DATE, on_error: str = "raise") -> None:
-        if loss_on not in LOSS_ON:
-            raise ValueError(f"tokenize_chat(loss_on={loss_on!r}): use one of {LOSS_ON}")
-        if on_error not in ON_ERROR:
-            raise ValueError(f"tokenize_chat(on_error={on_error!r}): use one of {ON_ERROR}")
-        if template is None:
-            raise ValueError("tokenize_chat(template=...): pass a chat template (a .jinja file or the template text)")
         super().__init__(name, sources, executor)
-        self.spec = tokenizer
-        self.field, self.loss_on, self.add_eos = field, loss_on, bool(add_eos)
+        if not isinstance(tokenizer, TokenizerSpec):
+            raise PipelineError(f"tokenize_chat(tokenizer=...): pass zephon.tokenizer(path), got {tokenizer!r}")
+        choice(loss_on, LOSS_ON, "tokenize_chat(loss_on)")
+        choice(on_error, ON_ERROR, "tokenize_chat(on_error)")
+        if not isinstance(template, str) or not template:
+            raise PipelineError("tokenize_chat(template=...): pass a chat template (a .jinja file or the template "
+                                "text)")
+        self.tokenizer, self.field, self.loss_on, self.add_eos = tokenizer, field, loss_on, bool(add_eos)
         self.add_generation_prompt, self.on_error = bool(add_generation_prompt), on_error
-        self.date = _day(date).isoformat()
-        looks_like_path = "{" not in template and len(template) < 4096
-        self.template_text = Path(template).read_text(encoding="utf-8") if looks_like_path else template
-        self.template_id = file_digest(template) if looks_like_path else \
-            hashlib.sha256(template.encode()).hexdigest()[:16]
+        self.date = _day(DEFAULT_DATE if date is None else date).isoformat()
+        # the template's text is the parameter (fingerprinted by its digest), wherever it was read from
+        self.template = read_template(template)
         self._tok: Any = None
         self._template: Any = None
         self._specials: dict[str, str] = {}
 
-    def describe(self) -> dict[str, Any]:
-        d = {**super().describe(), "field": self.field, "tokenizer": tokenizer_description(self.spec),
-             "template_sha256": self.template_id, "loss_on": self.loss_on, "add_eos": self.add_eos,
-             "date": self.date}
-        if self.add_generation_prompt:
-            d["add_generation_prompt"] = True
-        if self.on_error != "raise":
-            d["on_error"] = self.on_error
-        return d
+    @property
+    def spec(self) -> TokenizerSpec:
+        return self.tokenizer
 
     def __getstate__(self) -> dict:
         return {**self.__dict__, "_tok": None, "_template": None}
 
     def setup(self) -> None:
         if self._tok is None:
-            tok = shared_tokenizer(self.spec)
+            tok = shared_tokenizer(self.tokenizer)
             self._specials = tok.special_tokens()
-            self._template = _environment(_day(self.date)).from_string(self.template_text)
+            self._template = _environment(_day(self.date)).from_string(self.template)
             self._tok = tok
 
     @property
-    def tokenizer(self) -> Any:
+    def loaded(self) -> Any:
+        """The loaded tokenizer (one per process and spec)."""
         self.setup()
         return self._tok
 
@@ -436,7 +439,7 @@ class TokenizeChat(Transform):
                            f"tokenize_chat(on_error='skip') to skip and count such records ({SKIP_REASON}).")
 
     # -- chunks ----------------------------------------------------------------------------------------
-    def apply(self, chunk: Chunk) -> Chunk:
+    def _apply_chunk(self, chunk: Chunk) -> Chunk:
         self.setup()
         conversations = chunk.columns.get(self.field)
         if conversations is None:
@@ -472,7 +475,7 @@ class TokenizeChat(Transform):
                             LOSS_MASK: np.concatenate(masks) if masks else np.zeros(0, np.uint8)}
         return out
 
-    def apply_records(self, records: list[Any]) -> list[Any]:
+    def _apply_records(self, records: list[Any]) -> list[Any]:
         self.setup()
         out = []
         for rec in records:

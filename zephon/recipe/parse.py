@@ -1,4 +1,8 @@
-"""Recipes: the TOML file that defines a run, parsed into frozen dataclasses.
+"""Recipes: the TOML file that defines a run, parsed into a frozen :class:`Recipe`.
+
+Two spellings: the classic keys (``[tokenizer]``, ``[pack]``, ``[mix]``...: the fixed text chain) or
+``[[ops]]`` tables, one per operator in order (``op = "<builder method>"`` and its arguments; any pipeline).
+``[[steps]]``, the spelling before 0.3, is read as ``[[ops]]`` with a warning.
 
 A recipe fixes everything that decides the bytes of the global batches (seed, lanes, seq_len,
 batch_per_lane, flush_every, tokenizer, packing, mixing, sources). Runtime knobs that only change
@@ -14,14 +18,17 @@ import difflib
 import math
 import os
 import tomllib
+import warnings
 from dataclasses import dataclass, field
 from fractions import Fraction
 from pathlib import Path
 from typing import Any, Mapping
 
-from .errors import RecipeError, RecipeFileError
-from .specs import (MIX_BY, OVERSIZE_POLICIES, PACK_ALGORITHMS, SEED_LIMIT, SOURCE_FORMATS, TOKENIZER_KINDS,
-                    TOKENS_FORMATS, WEIGHT_DENOMINATOR, PackSpec, SourceSpec, StorageSpec, TokenizerSpec)
+from ..errors import RecipeError, RecipeFileError
+from ..specs import (MIX_BY, OVERSIZE_POLICIES, PACK_ALGORITHMS, SEED_LIMIT, SOURCE_FORMATS, TOKENIZER_KINDS,
+                     READ_KEYS, TOKENS_FORMATS, WEIGHT_DENOMINATOR, PackSpec, SourceSpec, StorageSpec, TokenizerSpec, _is_int,
+                     _type_note, validate_special_tokens)
+
 
 @dataclass(frozen=True)
 class Recipe:
@@ -50,9 +57,9 @@ class Recipe:
     oversize: str = "skip"  # "skip" (and count), "truncate" (at a UTF-8 boundary) or "error"
     storage: StorageSpec = field(default_factory=StorageSpec)  # object-store retries and cache (not fingerprinted)
     origin: str = "<dict>"  # the file it came from, for messages
-    # A [[steps]] recipe: its operator tables, in order (zephon/recipe_steps.py); seq_len, batch_per_lane and
-    # tokenizer above are then read from its pack, batch and first tokenize steps. Empty: the classic chain.
-    steps: tuple = field(default=(), repr=False)
+    # An [[ops]] recipe: its operator tables, in order (zephon/recipe/to_pipeline.py); seq_len, batch_per_lane
+    # and tokenizer above are then read from its pack, batch and first tokenize operators. Empty: the classic chain.
+    ops: tuple = field(default=(), repr=False)
 
     @property
     def global_batch_size(self) -> int:
@@ -65,7 +72,7 @@ class Recipe:
     def to_pipeline(self, text_map: Any = None, text_filter: Any = None) -> Any:
         """This recipe as the :class:`~zephon.pipeline.Pipeline` it spells (``text_map``/``text_filter``: the
         legacy per-document text hooks, as operators before ``tokenize``)."""
-        from .recipe_steps import recipe_to_pipeline
+        from .to_pipeline import recipe_to_pipeline
 
         return recipe_to_pipeline(self, text_map, text_filter)
 
@@ -79,14 +86,14 @@ _TOP_KEYS = {
     "sources",
     "mix", "shuffle", "split", "read", "storage",
 }
-_STEPS_TOP_KEYS = {"seed", "lanes", "flush_every", "flush_by", "sources", "read", "storage", "steps"}  # a [[steps]] recipe
+_OPS_TOP_KEYS = {"seed", "lanes", "flush_every", "flush_by", "sources", "read", "storage", "ops"}  # an [[ops]] recipe
 _TOKENIZER_KEYS = {f.name for f in dataclasses.fields(TokenizerSpec)}
 _PACK_KEYS = {f.name for f in dataclasses.fields(PackSpec)}
 _SOURCE_KEYS = {f.name for f in dataclasses.fields(SourceSpec)}
 _MIX_KEYS = {"by", "schedule"}
 _SHUFFLE_KEYS = {"buffer"}
 _SPLIT_KEYS = {"max_doc_tokens"}
-_READ_KEYS = {"chunk_rows", "chunk_bytes", "unit_bytes", "cache_bytes", "max_doc_bytes", "oversize"}
+_READ_KEYS = set(READ_KEYS)
 _STORAGE_KEYS = {f.name for f in dataclasses.fields(StorageSpec)}
 
 
@@ -137,9 +144,14 @@ def recipe_from_dict(data: Mapping[str, Any], base_dir: str | os.PathLike | None
     base = Path(base_dir) if base_dir is not None else None
     if not isinstance(data, Mapping):
         raise RecipeError(f"{origin}: a recipe is a table of keys, got {type(data).__name__}.")
-    if "steps" in data:
-        _check_keys(data, _STEPS_TOP_KEYS, "the top level of a [[steps]] recipe (the operators are steps)", origin)
-        return _steps_recipe(data, base, origin)
+    if "steps" in data and "ops" not in data:  # the spelling before 0.3
+        warnings.warn(f"{origin}: [[steps]] is now spelled [[ops]] (one table per operator); [[steps]] is read as "
+                      f"[[ops]] for now", DeprecationWarning, stacklevel=3)
+        data = {("ops" if k == "steps" else k): v for k, v in data.items()}
+    if "ops" in data:
+        _check_keys(data, _OPS_TOP_KEYS, "the top level of an [[ops]] recipe (the operators are [[ops]] tables)",
+                    origin)
+        return _ops_recipe(data, base, origin)
     _check_keys(data, _TOP_KEYS, "the top level", origin)
 
     tok_table = _require(data, "tokenizer", "the top level", origin)
@@ -191,7 +203,7 @@ def _schedule(table: Any, origin: str, where: str = "[mix.schedule]") -> Any:
     """``[mix.schedule]`` (or a mix step's ``schedule``) as a :class:`~zephon.ops.schedule.Schedule`."""
     if table is None:
         return None
-    from .ops.schedule import Schedule
+    from ..ops.schedule import Schedule
 
     try:
         return Schedule.from_dict(table, where)
@@ -199,16 +211,16 @@ def _schedule(table: Any, origin: str, where: str = "[mix.schedule]") -> Any:
         raise RecipeError(f"{origin}: {exc}") from None
 
 
-def _steps_recipe(data: Mapping[str, Any], base: Path | None, origin: str) -> Recipe:
-    """A ``[[steps]]`` recipe: sources and operator tables; the pipeline is compiled to check it now."""
-    steps = data["steps"]
-    if not isinstance(steps, list) or not steps or not all(isinstance(t, Mapping) for t in steps):
-        raise RecipeError(f"{origin}: 'steps' must be a non-empty list of [[steps]] tables (op = ..., its options).")
+def _ops_recipe(data: Mapping[str, Any], base: Path | None, origin: str) -> Recipe:
+    """An ``[[ops]]`` recipe: sources and operator tables; the pipeline is built to check it now."""
+    ops = data["ops"]
+    if not isinstance(ops, list) or not ops or not all(isinstance(t, Mapping) for t in ops):
+        raise RecipeError(f"{origin}: 'ops' must be a non-empty list of [[ops]] tables (op = ..., its options).")
     for name, keys in {"read": _READ_KEYS, "storage": _STORAGE_KEYS}.items():
         _check_keys(_table(data, name, origin), keys, f"[{name}]", origin)
     read = data.get("read", {})
     defaults = Recipe.__dataclass_fields__
-    placeholder = TokenizerSpec("sentencepiece", "<from the steps>")
+    placeholder = TokenizerSpec("sentencepiece", "<from the ops>")
     draft = Recipe(seed=_require(data, "seed", "the top level", origin),
                    lanes=_require(data, "lanes", "the top level", origin), seq_len=2, batch_per_lane=1,
                    flush_every=data.get("flush_every", 8), flush_by=data.get("flush_by", "chunks"),
@@ -216,9 +228,9 @@ def _steps_recipe(data: Mapping[str, Any], base: Path | None, origin: str) -> Re
                    sources=tuple(_sources(data, base, origin)),
                    **{key: read.get(key, defaults[key].default) for key in sorted(_READ_KEYS)},
                    storage=_storage(data.get("storage", {}), base, origin), origin=origin,
-                   steps=tuple(_resolve_step_paths(t, base) for t in steps))
+                   ops=tuple(_resolve_op_paths(t, base) for t in ops))
     _validate(draft)
-    pipe = draft.to_pipeline()  # every step checked here; errors name the step
+    pipe = draft.to_pipeline()  # every operator checked here; errors name the [[ops]] table
     records = pipe.compile().records  # no pack step: a row is one record (seq_len 1), tokens optional
     try:
         seq_len, rows = (1 if records else pipe.seq_len), pipe.batch_per_lane
@@ -226,12 +238,12 @@ def _steps_recipe(data: Mapping[str, Any], base: Path | None, origin: str) -> Re
         raise RecipeError(f"{origin}: {exc}") from None
     tok = pipe.tokenizer or (placeholder if records else None)
     if tok is None:
-        raise RecipeError(f"{origin}: a [[steps]] recipe needs a tokenize (or tokenize_chat) step.")
+        raise RecipeError(f"{origin}: an [[ops]] recipe with pack() needs a tokenize (or tokenize_chat, tokenize_images) operator.")
     return dataclasses.replace(draft, seq_len=seq_len, batch_per_lane=rows, tokenizer=tok)
 
 
-def _resolve_step_paths(table: Mapping[str, Any], base: Path | None) -> dict[str, Any]:
-    """A step's file paths (its tokenizer, a chat template file) resolved against the recipe's folder."""
+def _resolve_op_paths(table: Mapping[str, Any], base: Path | None) -> dict[str, Any]:
+    """An operator table's file paths (its tokenizer, a chat template file) resolved against the recipe's folder."""
     t = dict(table)
     tok = t.get("tokenizer")
     if isinstance(tok, str):
@@ -335,18 +347,6 @@ def load_recipe(path: str | os.PathLike) -> Recipe:
 
 
 # -- strict values: a value of the wrong type is an error, never converted ---------------------------
-def _type_note(value: Any) -> str:
-    """`` (a float)`` etc.: what the value was, for the messages (TOML strings are easy to write by mistake)."""
-    if isinstance(value, bool):
-        return " (a boolean)"
-    if isinstance(value, str):
-        return " (a string: write numbers and booleans without quotes)"
-    names = {int: "an integer", float: "a float", list: "a list", dict: "a table"}
-    return f" ({names.get(type(value), type(value).__name__)})"
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)  # True is an int in Python, not in a recipe
 
 
 def _is_number(value: Any) -> bool:
@@ -440,42 +440,7 @@ def _validate_tokenizer(t: TokenizerSpec, o: str) -> None:
     validate_special_tokens(t, o)
 
 
-SPECIAL_ID_LIMIT = 1 << 31  # token ids are int32 in every batch
 
-
-def validate_special_tokens(t: TokenizerSpec, origin: str) -> None:
-    """Check ``tokenizer.special_tokens``: tiktoken only, a table of distinct non-empty names to distinct ids.
-
-    Args:
-        t: the tokenizer spec (its ``special_tokens`` as stored: None or ``((name, id), ...)``).
-        origin: where the spec comes from (the recipe file), to start the message with.
-
-    Raises:
-        RecipeError: naming ``tokenizer.special_tokens``, what is wrong and the fix.
-    """
-    st = t.special_tokens
-    if st is None:
-        return
-    key = "tokenizer.special_tokens"
-    if t.kind != "tiktoken":  # silently ignored, it would be a different run than the one asked for
-        raise RecipeError(f"{origin}: {key} is for tiktoken files only; a {t.kind} file names its own special "
-                          f"tokens (pick EOS/BOS with tokenizer.eos_token / bos_token). Remove {key}.")
-    example = '{ "<|endoftext|>" = 100257 }'
-    if not isinstance(st, tuple) or not all(isinstance(p, tuple) and len(p) == 2 for p in st):
-        raise RecipeError(f"{origin}: '{key}' must be a table of token name = id, e.g. [tokenizer] "
-                          f"special_tokens = {example}, got {st!r}{_type_note(st)}.")
-    for name, tid in st:
-        if not isinstance(name, str) or not name:
-            raise RecipeError(f"{origin}: {key}: a token name must be a non-empty string, got {name!r}.")
-        if not _is_int(tid) or not 0 <= tid < SPECIAL_ID_LIMIT:
-            raise RecipeError(f"{origin}: {key}: the id of '{name}' must be an integer in [0, 2**31), got "
-                              f"{tid!r}{_type_note(tid)}.")
-    ids: dict[int, str] = {}
-    for name, tid in st:
-        if tid in ids:
-            raise RecipeError(f"{origin}: {key}: '{ids[tid]}' and '{name}' have the same id {tid}; give each "
-                              f"special token an id of its own.")
-        ids[tid] = name
 
 
 def _validate_source(s: SourceSpec, where: str, o: str) -> None:

@@ -1,6 +1,6 @@
 """Image decoding, orientation, resizing and patching as pure functions of (bytes, parameters).
 
-Used by the image operators (:mod:`zephon.ops.image`); everything here is deterministic: the same bytes
+Used by the image operators (:mod:`zephon.ops.decode_images`); everything here is deterministic: the same bytes
 and the same :class:`ImageSpec` give the same pixels on every machine that has the same library
 versions (pin Pillow and simplejpeg as you pin your tokenizer library: ``.ci/constraints.txt``).
 
@@ -27,56 +27,15 @@ read); a truncated or corrupt stream is an error of the codec (libjpeg-turbo's w
 from __future__ import annotations
 
 import io
-import math
 import struct
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-# Why an image was skipped (the operators count ``skipped_images`` and ``skipped_images.<reason>``).
-BAD_REASONS = ("missing", "empty", "not_an_image", "oversized", "aspect_ratio", "corrupt", "bad_path")
-MAX_ASPECT = 200  # "fit" refuses longer/shorter side ratios above this (Qwen2-VL's limit)
-JPEG_DECODERS = ("simplejpeg", "pillow")
-RESAMPLE = ("bicubic", "bilinear", "lanczos", "box", "nearest")
-DEFAULT_MAX_IMAGE_PIXELS = 1 << 26  # 67 Mpx (8192 x 8192): below Pillow's own 89 Mpx warning threshold
-_DCT_SCALES = (8, 4, 2, 1)
+from .geometry import coverage_size, crop_box, dct_scale, output_size
+from .spec import MAX_ASPECT, BadImage, ImageSpec
+
 _ORIENTATION_TAG = 0x0112
-
-
-class BadImage(ValueError):
-    """An image that cannot be used: ``reason`` is one of :data:`BAD_REASONS`, ``detail`` says why."""
-
-    def __init__(self, reason: str, detail: str) -> None:
-        super().__init__(f"{reason}: {detail}")
-        self.reason, self.detail = reason, detail
-
-
-@dataclass(frozen=True)
-class ImageSpec:
-    """Everything that decides the pixels of a decoded image.
-
-    ``mode`` "crop": scale so that the image covers ``size`` (height, width), centre crop to it (the
-    shortest side to the target, as torchvision's Resize + CenterCrop, in one resampling step).
-    ``mode`` "fit": keep the aspect ratio, round each side to a multiple of ``patch_size * merge`` and
-    keep ``min_pixels <= H * W <= max_pixels`` (Qwen2-VL's ``smart_resize``, exactly).
-    """
-
-    mode: str = "fit"
-    size: tuple[int, int] | None = None  # crop: (height, width)
-    min_pixels: int = 56 * 56
-    max_pixels: int = 448 * 448
-    patch_size: int = 14
-    merge: int = 1
-    resample: str = "bicubic"
-    max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS
-    jpeg_decoder: str = "pillow"
-    reduced_decode: bool = True  # DCT-scaled JPEG decoding when the target is at most half the size
-
-    @property
-    def factor(self) -> int:
-        """Both sides of every output are multiples of this (a merge group, in pixels)."""
-        return self.patch_size * self.merge
 
 
 # -- what the bytes are -----------------------------------------------------------------------------------
@@ -172,57 +131,6 @@ def orient(pixels: np.ndarray, orientation: int) -> np.ndarray:
     else:
         return pixels
     return np.ascontiguousarray(out)
-
-
-# -- sizes ------------------------------------------------------------------------------------------------
-def smart_resize(height: int, width: int, factor: int, min_pixels: int, max_pixels: int) -> tuple[int, int]:
-    """Qwen2-VL's target size: each side a multiple of ``factor``, the area within [min_pixels, max_pixels],
-    the aspect ratio kept as closely as that allows (``transformers``' arithmetic, to the last rounding;
-    the caller refuses aspect ratios over :data:`MAX_ASPECT` first, as ``transformers`` does)."""
-    h_bar = round(height / factor) * factor
-    w_bar = round(width / factor) * factor
-    if h_bar * w_bar > max_pixels:
-        beta = math.sqrt((height * width) / max_pixels)
-        h_bar = max(factor, math.floor(height / beta / factor) * factor)
-        w_bar = max(factor, math.floor(width / beta / factor) * factor)
-    elif h_bar * w_bar < min_pixels:
-        beta = math.sqrt(min_pixels / (height * width))
-        h_bar = math.ceil(height * beta / factor) * factor
-        w_bar = math.ceil(width * beta / factor) * factor
-    return h_bar, w_bar
-
-
-def output_size(height: int, width: int, spec: ImageSpec) -> tuple[int, int]:
-    """The (height, width) an image of ``height`` x ``width`` (as displayed) is resized to."""
-    if spec.mode == "crop":
-        assert spec.size is not None
-        return spec.size
-    return smart_resize(height, width, spec.factor, spec.min_pixels, spec.max_pixels)
-
-
-def coverage_size(height: int, width: int, spec: ImageSpec) -> tuple[int, int]:
-    """The size the whole image is scaled to before any crop: what a reduced decode must not go below."""
-    th, tw = output_size(height, width, spec)
-    if spec.mode != "crop":
-        return th, tw
-    r = max(th / height, tw / width)
-    return math.ceil(height * r), math.ceil(width * r)
-
-
-def dct_scale(height: int, width: int, need_h: int, need_w: int) -> int:
-    """The largest s in 8, 4, 2, 1 with ``height // s >= need_h`` and ``width // s >= need_w`` (Pillow's
-    ``draft`` rule: decoding at 1/s still gives at least the needed size, so only a much smaller target
-    is ever decoded reduced)."""
-    limit = min(height // max(1, need_h), width // max(1, need_w))
-    return next(s for s in _DCT_SCALES if s <= max(1, limit))
-
-
-def crop_box(height: int, width: int, th: int, tw: int) -> tuple[float, float, float, float]:
-    """The centred box of an image of ``height`` x ``width`` with the target's aspect ratio (Pillow's
-    ``(left, upper, right, lower)``, sub-pixel)."""
-    r = max(th / height, tw / width)
-    cw, ch = min(float(width), tw / r), min(float(height), th / r)  # the full side, not one ulp past it
-    return (width - cw) / 2, (height - ch) / 2, (width + cw) / 2, (height + ch) / 2
 
 
 # -- decoding ---------------------------------------------------------------------------------------------
@@ -359,19 +267,3 @@ def _resample_to(im: Any, spec: ImageSpec, th: int, tw: int) -> np.ndarray:
     w, h = im.size
     box = crop_box(h, w, th, tw) if spec.mode == "crop" else (0.0, 0.0, float(w), float(h))
     return np.asarray(im.resize((tw, th), resample=_resample(spec.resample), box=box))
-
-
-# -- patches ----------------------------------------------------------------------------------------------
-def patchify(pixels: np.ndarray, patch_size: int, merge: int = 1) -> np.ndarray:
-    """``[H, W, C]`` pixels as ``[H/p * W/p, p*p*C]`` patches (each patch row-major, channels last).
-
-    Patches are in row-major order of ``merge x merge`` groups, and row-major inside each group, so that
-    the ``merge**2`` patches a model merges into one token are consecutive (Qwen2-VL's order). Both sides
-    must be multiples of ``patch_size * merge``."""
-    h, w, c = pixels.shape
-    p, m = patch_size, merge
-    if h % (p * m) or w % (p * m):
-        raise ValueError(f"an image of {h} x {w} pixels is not a whole number of {p * m}-pixel merge groups")
-    gh, gw = h // p, w // p
-    grid = pixels.reshape(gh // m, m, p, gw // m, m, p, c).transpose(0, 3, 1, 4, 2, 5, 6)
-    return np.ascontiguousarray(grid).reshape(gh * gw, p * p * c)

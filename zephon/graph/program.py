@@ -1,0 +1,290 @@
+"""From a pipeline to the program its lanes run: the graph checked, every operator placed and bound.
+
+Compiling checks the graph (errors name the operator and the fix), places every operator (per source on
+the executors before the merge, serial in the lane after it), adds what a pipeline implies but need not
+spell out (``mix`` where the sources meet, ``split`` at ``seq_len`` before best/first-fit packing), collects
+the per-token fields every operator adds, binds each operator to what the pipeline decides for it (a copy:
+the pipeline's own operators are never changed, another pipeline may share them), lists and plans the
+sources, and describes the whole graph for the fingerprint (:mod:`zephon.graph.fingerprint`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any, Callable
+
+import numpy as np
+
+from ..batches.images import ImageBatch
+from ..engine.lane import LaneProgram
+from ..engine.nodes import TransformStep
+from ..engine.stages import Stage, StageProgram
+from ..errors import PipelineError
+from ..ops.base import BindContext, LaneContext, Operator, Transform
+from ..ops.batch import Batch
+from ..ops.decode_images import DecodeImages
+from ..ops.image_layout import NO_LIMITS
+from ..ops.mix import Mix
+from ..ops.pack import Pack
+from ..ops.split import Split
+from ..ops.tokenize import Tokenize
+from ..ops.tokenize_chat import TokenizeChat
+from ..ops.tokenize_images import TokenizeImages
+from ..plan import ReaderFactory, WorkPlan
+from ..records import INPUT_IDS
+from .fingerprint import fingerprint, summary
+
+TOKENIZING = (Tokenize, TokenizeChat, TokenizeImages)
+
+
+@dataclass
+class CompiledPipeline(LaneProgram):
+    """A :class:`LaneProgram` plus what the loader needs around it: collation and the fingerprint."""
+
+    pad_id: int = 0
+    pad_values: dict[str, Any] = field(default_factory=dict)  # name -> value in padding positions
+    summary: dict[str, Any] = field(default_factory=dict)
+    fingerprint: str = ""
+    placement: list[tuple[str, str, str]] = field(default_factory=list)  # (operator, where, sources) for explain
+    schedule: Any = None  # the mixture schedule, if any
+    weights: dict[str, float] = field(default_factory=dict)  # the mixture's own weights, by source name
+    images: Any = None  # zephon.batches.images.ImageBatch: how batches carry images (None: no image keys)
+    stack: tuple[str, ...] = ()  # a pipeline without pack(): the record fields batched as tensors
+
+
+def _dtype_of(default: Any) -> Any:
+    if isinstance(default, tuple):
+        return np.dtype(default[0]), default[1]
+    if isinstance(default, (bool, np.bool_)):
+        return np.dtype(np.uint8), int(default)
+    if isinstance(default, float):
+        return np.dtype(np.float32), default
+    return np.dtype(np.int32), default
+
+
+def token_schema(ops: list[Operator]) -> dict[str, tuple[Any, Any]]:
+    """The per-token fields of the pipeline's documents, ``input_ids`` first: name -> (dtype, default)."""
+    schema: dict[str, tuple[Any, Any]] = {INPUT_IDS: (np.dtype(np.int32), 0)}
+    for op in ops:
+        for name, default in getattr(op, "token_fields", {}).items():
+            if name not in schema:
+                schema[name] = _dtype_of(default)
+    return schema
+
+
+def _tokenized(ops: list[Operator]) -> bool:
+    return any(isinstance(op, TOKENIZING) for op in ops)
+
+
+@dataclass
+class _Graph:
+    """The declared operators cut where the sources meet."""
+
+    names: list[str]
+    per_source: list[list[Transform]]  # each source's stateless operators before the merge
+    mix: Mix | None  # the declared one (None: implied)
+    after: list[Operator]  # the operators after the merge, up to the packer (or the batch)
+    placement: list[tuple[str, str, str]]
+
+
+def _graph(pipe: Any, end: int) -> _Graph:
+    ops = pipe.ops
+    names = [s.name for s in pipe.sources]
+    m = next((i for i, op in enumerate(ops) if isinstance(op, Mix) or op.stateful), len(ops))
+    before, after = list(ops[:m]), list(ops[m:end])
+    mix = after.pop(0) if after and isinstance(after[0], Mix) else None
+    if any(isinstance(op, Mix) for op in after):
+        raise PipelineError("mix() must come before every accumulator (shuffle, accumulate): the sources meet first")
+    for op in before:
+        if not isinstance(op, Transform):
+            raise PipelineError(f"operator '{op.name}' is neither a transform nor an accumulator")
+    per_source = [[op for op in before if op.applies_to(n)] for n in names]
+    placement = [(op.name, "workers, per source", ",".join(n for n in names if op.applies_to(n))) for op in before]
+    return _Graph(names, per_source, mix, after, placement)  # type: ignore[arg-type]
+
+
+def compile_pipeline(pipe: Any, plan: WorkPlan | None = None) -> CompiledPipeline:
+    """The program of ``pipe``'s lanes (see the module docstring).
+
+    Raises:
+        PipelineError: the graph cannot run as declared, naming the operator and the fix.
+    """
+    ops = pipe.ops
+    if not pipe.sources:
+        raise PipelineError("the pipeline has no source: add one with .source(name, zephon.read.<format>(...))")
+    if not ops or not isinstance(ops[-1], Batch):
+        raise PipelineError("a pipeline ends with .batch(rows_per_lane=...)")
+    batch: Batch = ops[-1]
+    pack_at = next((i for i, op in enumerate(ops) if isinstance(op, Pack)), -1)
+    if pack_at >= 0 and pack_at != len(ops) - 2:
+        raise PipelineError("pack(seq_len=...) must come right before batch(): the rows a lane delivers are packed")
+    if pack_at < 0:  # no pack(): a row is one record (zephon.ops.batch.RecordRows)
+        return _compile_records(pipe, plan, batch)
+    if batch.stack:
+        raise PipelineError(f"batch(stack={list(batch.stack)}) is for pipelines without pack(): packed rows are "
+                            f"already tensors")
+    pack: Pack = ops[pack_at]  # type: ignore[assignment]
+    g = _graph(pipe, pack_at)
+    transforms = [op for op in ops if isinstance(op, Transform)]
+    splits = [op for op in transforms if isinstance(op, Split)]
+    for sp in splits:
+        if sp.max_tokens > pack.seq_len and pack.algorithm != "wrap":
+            raise PipelineError(f"split(max_tokens={sp.max_tokens}) exceeds pack(seq_len={pack.seq_len}): a piece longer "
+                                f"than a row cannot be packed with {pack.algorithm}. Lower it to at most {pack.seq_len}.")
+    if not splits and pack.algorithm != "wrap":  # split at seq_len, implied
+        implied = Split(pack.seq_len, name="split (implied by pack)")
+        if all(_tokenized(ops) for ops in g.per_source):
+            g.per_source = [ops + [implied] for ops in g.per_source]
+            g.placement.append((implied.name, "workers, per source", ",".join(g.names)))
+        else:
+            g.after.append(implied)
+    schema = token_schema(transforms)
+    images = image_batch(transforms, pack, batch)
+    ctx = BindContext(tuple(g.names), tuple(s.weight for s in pipe.sources), schema, pack.limits)
+    mix = _mix(g, "tokens", ctx)
+    lane_ops = _lane_ops(g, ctx) + [("pack", pack.bind(ctx).make)]
+    g.placement += [("pack", "lane: accumulator", "-"), ("batch", f"lane: {batch.rows_per_lane} row(s) per step", "-")]
+    plan = plan or WorkPlan(pipe)
+    pad_id = pack.pad_id if pack.pad_id is not None else _tokenizer_pad(transforms)
+    compiled = CompiledPipeline(
+        **_lane_fields(pipe, plan, g, ctx, mix.make, lane_ops, batch), seq_len=pack.seq_len, pad_id=pad_id,
+        token_fields=schema, pad_values={name: (pad_id if name == INPUT_IDS else 0) for name in schema},
+        placement=g.placement, schedule=mix.schedule, weights=dict(zip(g.names, mix._weights)), images=images)
+    compiled.summary = summary(pipe, plan, g.per_source, [mix, *g.after, pack, batch])
+    compiled.fingerprint = fingerprint(compiled.summary)
+    return compiled
+
+
+def _compile_records(pipe: Any, plan: WorkPlan | None, batch: Batch) -> CompiledPipeline:
+    """A pipeline without ``pack()``: every record after the lane's accumulators is one row."""
+    if batch.pixels != "flat" or batch.positions != "1d":
+        raise PipelineError("batch(pixels=..., positions=...) place images and positions in packed rows; without "
+                            "pack() each record's fields are batched as they are (stack=[...] for tensors)")
+    if batch.stack and batch.partial == "pad":
+        raise PipelineError(f"batch(stack={list(batch.stack)}, partial='pad'): a rank whose rows are all padding "
+                            f"could not give the stacked tensors their shape; use partial='drop', or no stack")
+    g = _graph(pipe, len(pipe.ops) - 1)
+    transforms = [op for op in pipe.ops if isinstance(op, Transform)]
+    schema = token_schema(transforms)
+    ctx = BindContext(tuple(g.names), tuple(s.weight for s in pipe.sources), schema, NO_LIMITS)
+    mix = _mix(g, "tokens" if all(_tokenized(ops) for ops in g.per_source) else "documents", ctx)
+    lane_ops = _lane_ops(g, ctx) + [("rows", batch.make_rows)]
+    g.placement += [("rows", "lane: one record per row", "-"),
+                    ("batch", f"lane: {batch.rows_per_lane} record(s) per step", "-")]
+    plan = plan or WorkPlan(pipe)
+    compiled = CompiledPipeline(
+        **_lane_fields(pipe, plan, g, ctx, mix.make, lane_ops, batch), seq_len=1, token_fields=schema, records=True,
+        stack=batch.stack, placement=g.placement, schedule=mix.schedule, weights=dict(zip(g.names, mix._weights)))
+    compiled.summary = summary(pipe, plan, g.per_source, [mix, *g.after, batch])
+    compiled.fingerprint = fingerprint(compiled.summary)
+    return compiled
+
+
+def _mix(g: _Graph, default_by: str, ctx: BindContext) -> Mix:
+    """The merge, bound: the declared ``mix``, or the implied one (the sources' own weights)."""
+    mix = g.mix or Mix(default_by)
+    if mix.by == "tokens" and len(g.names) > 1 and not all(_tokenized(ops) for ops in g.per_source):
+        raise PipelineError("mix(by='tokens') needs documents: tokenize every source before the sources meet "
+                            "(.tokenize() before .mix()), or mix(by='documents')")
+    g.placement.append(("mix" if g.mix else "mix (implied)", "lane: the merge", ",".join(g.names)))
+    return mix.bind(ctx)  # type: ignore[return-value]
+
+
+def _lane_ops(g: _Graph, ctx: BindContext) -> list[tuple[str, Callable[[LaneContext], Any]]]:
+    """The operators after the merge as (name, factory of the lane's accumulator); their placement recorded."""
+    out: list[tuple[str, Callable[[LaneContext], Any]]] = []
+    for op in g.after:
+        bound = op.bind(ctx)
+        if isinstance(op, Transform):
+            out.append((op.name, partial(_transform_step, bound)))
+        elif callable(getattr(bound, "make", None)):
+            out.append((op.name, bound.make))
+        else:
+            raise PipelineError(f"operator '{op.name}' ({op.op or type(op).__name__}) cannot come after the merge")
+        g.placement.append((op.name, "lane: accumulator" if op.stateful else "lane: per record", "-"))
+    return out
+
+
+def _transform_step(transform: Transform, ctx: LaneContext) -> TransformStep:
+    return TransformStep(transform)
+
+
+def _lane_fields(pipe: Any, plan: WorkPlan, g: _Graph, ctx: BindContext, merge: Callable[..., Any],
+                 lane_ops: list, batch: Batch) -> dict[str, Any]:
+    """What every :class:`LaneProgram` holds whatever its rows: the sources' stages (their operators bound),
+    the merge, the lane's operators, the cadence and the end of finite data."""
+    stages = [_stages([op.bind(ctx) for op in ops]) for ops in g.per_source]
+    readers = [ReaderFactory(sp.spec, sp.storage) for sp in plan.sources]  # picklable: workers build their own
+    coords = [partial(_coord, sp.spec.format) for sp in plan.sources]
+    return dict(seed=pipe.seed, lanes=pipe.lanes, names=g.names, plan=plan,
+                stages=StageProgram(g.names, readers, stages, coords),
+                stage_kinds=[[st.executor for st in sts] for sts in stages], merge=merge, lane_ops=lane_ops,
+                rows_per_lane=batch.rows_per_lane, flush_every=pipe.flush_every, flush_by=pipe.flush_by,
+                max_empty_units=[2 * len(sp.units) + pipe.lanes for sp in plan.sources],
+                finite=any(d.passes is not None for d in pipe.sources), partial=batch.partial)
+
+
+def _stages(ops: list[Transform]) -> list[Stage]:
+    """Consecutive transforms with the same executor kind form one stage (read included in the first)."""
+    out: list[Stage] = []
+    for op in ops:
+        if out and out[-1].executor == op.executor:
+            out[-1] = Stage(op.executor, out[-1].transforms + (op,))
+        else:
+            out.append(Stage(op.executor, (op,)))
+    return out or [Stage(None, ())]
+
+
+def image_batch(ops: list[Transform], pack: Pack, batch: Batch) -> ImageBatch | None:
+    """How batches carry images (:mod:`zephon.batches.images`), checked against the image operators: None for
+    a pipeline without images (and 1-D positions), whose batches have no image keys."""
+    decoders = [op for op in ops if isinstance(op, DecodeImages)]
+    if not decoders:
+        if batch.pixels == "fixed" or pack.max_images_per_row or pack.max_patches_per_row:
+            raise PipelineError("batch(pixels='fixed') and pack(max_images_per_row=, max_patches_per_row=) are for "
+                                "pipelines with images: add .decode_images(...) and .tokenize_images(...)")
+        return ImageBatch("lists", "mrope") if batch.positions == "mrope" else None
+    for op in decoders:  # an image that can never fit a row is a configuration error: say so now
+        most = (op.size[0] // op.patch_size) * (op.size[1] // op.patch_size) if op.size else \
+            op.max_pixels // op.patch_size ** 2
+        if pack.max_patches_per_row is not None and most > pack.max_patches_per_row:
+            raise PipelineError(f"pack(max_patches_per_row={pack.max_patches_per_row}): operator '{op.name}' makes "
+                                f"images of up to {most} patches, which no row could hold; raise it, or lower "
+                                f"decode_images(max_pixels=...)")
+        if most // op.merge ** 2 > pack.seq_len:
+            raise PipelineError(f"pack(seq_len={pack.seq_len}): operator '{op.name}' makes images of up to "
+                                f"{most // op.merge ** 2} tokens, more than a row; raise seq_len or lower max_pixels")
+    if batch.pixels != "lists" and not any(isinstance(op, TokenizeImages) for op in ops):
+        raise PipelineError(f"batch(pixels={batch.pixels!r}) places each image at its tokens: tokenize with "
+                            f".tokenize_images(...) after .decode_images(...), or keep the images as payloads "
+                            f"with batch(pixels='lists')")
+    if batch.pixels == "flat":
+        dims = {3 * op.patch_size ** 2 for op in decoders}
+        if not all(op.patchify for op in decoders) or len(dims) != 1:
+            raise PipelineError("batch(pixels='flat') needs every decode_images() to patchify with one patch_size "
+                                "(one [patches, p*p*3] tensor); use pixels='fixed' or 'lists' otherwise")
+        return ImageBatch("flat", batch.positions, patch_dim=dims.pop())
+    if batch.pixels == "fixed":
+        sizes = {op.size for op in decoders}
+        if None in sizes or len(sizes) != 1:
+            raise PipelineError("batch(pixels='fixed') needs every decode_images() to make one size (size=(H, W), "
+                                "not max_pixels=); use pixels='flat' for native-resolution images")
+        if pack.max_images_per_row is None:
+            raise PipelineError("batch(pixels='fixed') needs pack(max_images_per_row=M): each row gets M image "
+                                "slots, so the pixel tensor's shape is the same at every step")
+        return ImageBatch("fixed", batch.positions, size=tuple(sizes.pop()), slots=pack.max_images_per_row)
+    return ImageBatch("lists", batch.positions)
+
+
+def _coord(fmt: str, path: str) -> str:
+    if fmt == "jsonl":
+        from ..readers.jsonl import compression_of
+
+        return "line" if compression_of(path) else "byte"
+    return "row" if fmt in ("parquet", "vortex", "lance", "arrow", "hf", "memory") else "sample"
+
+
+def _tokenizer_pad(ops: list[Operator]) -> int:
+    tok = next((op for op in ops if isinstance(op, TOKENIZING)), None)
+    return 0 if tok is None else tok.loaded.pad_id

@@ -1,0 +1,64 @@
+"""``map(fn)``: ``fn(record) -> record`` on every record; ``map_field(fn, field)``: ``fn(value) -> value`` on one
+field (None stays None), e.g. a text clean-up.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Mapping
+
+import numpy as np
+
+from ..records import Chunk
+from ._function import FunctionTransform, keep_doc
+
+
+class Map(FunctionTransform):
+    """``fn(record) -> record``: change, add or remove fields."""
+
+    op = "map"
+
+    def _apply_chunk(self, chunk: Chunk) -> Chunk:
+        out, keep = [], []
+        for j, rec in enumerate(chunk.docs() if chunk.tails is not None else chunk.records()):
+            ok, new = self._call(rec, lambda: chunk.where(j))
+            if ok:
+                if not isinstance(new, Mapping):
+                    raise self._failed(TypeError(f"a map must return a dict, got {type(new).__name__}"),
+                                       chunk.where(j))
+                out.append(new)
+                keep.append(j)
+        if len(keep) < chunk.n:
+            chunk.count("failed_records", chunk.n - len(keep))
+            chunk = chunk.select(np.asarray(keep, dtype=np.int64))
+        return self._rebuild(chunk, out)
+
+    def _apply_records(self, records: list[Any]) -> list[Any]:
+        out = []
+        for rec in records:
+            ok, new = self._call(rec, lambda: "a record in the lane")
+            if ok:
+                out.append(keep_doc(rec, new))
+        return out
+
+
+class MapField(Map):
+    """``fn(value) -> value`` on one field (None stays None): also a recipe's ``text_map`` hook."""
+
+    op = "map_field"
+
+    def __init__(self, fn: Callable[[Any], Any], field: str, **kwargs: Any) -> None:
+        super().__init__(fn, **kwargs)
+        self.field = field
+
+
+    def _apply_chunk(self, chunk: Chunk) -> Chunk:
+        values = chunk.columns.get(self.field)
+        if values is None or not isinstance(values, list):
+            return super()._apply_chunk(chunk)
+        out = []
+        for j, v in enumerate(values):
+            ok, new = self._call(v, lambda: chunk.where(j)) if v is not None \
+                else (True, None)
+            out.append(new if ok else None)
+        chunk.columns = {**chunk.columns, self.field: out}
+        return chunk
