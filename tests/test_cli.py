@@ -370,3 +370,35 @@ def test_python_dash_m_zephon_help():
                             env=env, timeout=60)
     assert result.returncode == 0, result.stderr
     assert "usage: zephon" in result.stdout and "verify" in result.stdout
+
+
+def test_import_zephon_loads_neither_torch_nor_the_engine():
+    """`import zephon` is lazy (PEP 562): a fresh interpreter imports no torch and no engine module until a
+    name is used; then every public name resolves, to the object its module defines."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    code = ("import json, sys, zephon\n"
+            "before = sorted(m for m in sys.modules if m == 'torch' or m.startswith(('torch.', 'zephon.')))\n"
+            "import zephon.loader  # binds the submodule zephon.collate on the package: the function must win\n"
+            "from zephon import *\n"
+            "names = {n: getattr(zephon, n) for n in zephon.__all__}\n"
+            "print(json.dumps({'before': before, 'all': sorted(zephon.__all__), 'dir': sorted(dir(zephon)),\n"
+            "                  'collate': type(zephon.collate).__name__, 'star': all(n in globals() for n in names)}))\n")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    got = json.loads(result.stdout)
+    assert got["before"] == []  # not torch, not zephon.engine, nor any other zephon module
+    assert got["collate"] == "function" and got["star"]
+    assert set(got["all"]) <= set(got["dir"])
+
+    import importlib
+
+    import zephon
+
+    assert len(zephon.__all__) == len(set(zephon.__all__)) == 39
+    for name in zephon.__all__:
+        where = zephon._EXPORTS[name]
+        expected = importlib.import_module(f"zephon.{name}" if where == "" else "zephon" + where)
+        assert getattr(zephon, name) is (expected if where == "" else getattr(expected, name)), name
+    assert callable(zephon.read.parquet)
+    with pytest.raises(AttributeError, match="no attribute 'nope'"):
+        zephon.nope  # noqa: B018
