@@ -222,13 +222,44 @@ def test_verify_agrees_across_world_sizes_and_resumes(recipe_path, capsys):
     out = capsys.readouterr().out
     assert code == 0, out
     rows = [line for line in out.splitlines() if line.startswith("W=")]
-    assert len(rows) == 6  # three world sizes, three resumes
-    assert all(re.search(r"\|\s*4\s*\|\s*yes\s*\|\s*-\s*$", row) for row in rows), rows
-    assert any("W=4 -> W=1 at step 2" in row for row in rows)
-    assert "NO" not in out and "OK: all 6 configurations agree" in out
+    # W=1 inline is the reference, shown once as such; the others are compared with it
+    assert re.fullmatch(r"W=1 workers=0 inline\s*\|\s*4\s*\|\s*\(reference\)\s*\|\s*-\s*", rows[0]), rows
+    compared = rows[1:]
+    assert [r.split("|")[0].strip() for r in compared] == [
+        "W=2 workers=0 inline", "W=4 workers=0 inline",
+        "W=1 -> W=2 at step 2", "W=2 -> W=4 at step 2", "W=4 -> W=1 at step 2"]
+    assert all(re.search(r"\|\s*4\s*\|\s*yes\s*\|\s*-\s*$", row) for row in compared), compared
+    assert "NO" not in out and "OK: all 5 configurations agree with the reference" in out
     with build_loader(load_recipe(recipe_path), rank=0, world_size=1) as loader:
         last = [global_digest([next(loader)]) for _ in range(steps)][-1]
-    assert f"reference sha256 of global batch {steps - 1}: {last}" in out
+    assert f"reference sha256 of step {steps - 1} (the last global batch): {last}" in out
+
+
+def test_verify_never_compares_the_reference_with_itself(recipe_path, capsys, monkeypatch):
+    """W=1 inline runs once, as the reference; W=1 with workers, or resumed from W=1, is still compared."""
+    import zephon.verify as zv
+
+    real, runs = zv.global_hashes, []
+
+    def counted(recipe, world_size, steps, num_workers=0, runner="thread", resume_at=None, **kwargs):
+        runs.append((world_size, num_workers, resume_at))
+        return real(recipe, world_size, steps, num_workers, runner, resume_at=resume_at, **kwargs)
+
+    monkeypatch.setattr(zv, "global_hashes", counted)
+    assert main(["verify", str(recipe_path), "--world-sizes", "1,2", "--num-workers", "0,1", "--steps", "2"]) == 0
+    out = capsys.readouterr().out
+    assert runs.count((1, 0, None)) == 1  # the reference, and no comparison of it with itself
+    assert sorted(runs) == [(1, 0, None), (1, 1, None), (2, 0, None), (2, 1, None)]
+    reference_rows = [line for line in out.splitlines() if line.startswith("W=1 workers=0 inline")]
+    assert len(reference_rows) == 1 and "(reference)" in reference_rows[0]
+    assert re.search(r"^W=1 workers=1 thread\s*\|\s*2\s*\|\s*yes", out, re.M)
+    assert "OK: all 3 configurations agree with the reference" in out
+
+    # Only the reference: nothing is compared, and the output says so (not "all 1 configurations agree").
+    runs.clear()
+    assert main(["verify", str(recipe_path), "--world-sizes", "1", "--steps", "2"]) == 0
+    out = capsys.readouterr().out
+    assert runs == [(1, 0, None)] and "nothing compared" in out and "configurations agree" not in out
 
 
 def test_verify_reports_a_mismatch_with_exit_code_1(recipe_path, capsys, monkeypatch):
@@ -245,7 +276,7 @@ def test_verify_reports_a_mismatch_with_exit_code_1(recipe_path, capsys, monkeyp
     assert main(["verify", str(recipe_path), "--world-sizes", "1,2", "--steps", "3"]) == 1
     out = capsys.readouterr().out
     assert re.search(r"W=2 workers=0 inline\s*\|\s*3\s*\|\s*NO\s*\|\s*2\s*$", out, re.M), out
-    assert "MISMATCH in 1 of 2" in out
+    assert "MISMATCH in 1 of 1" in out
 
 
 def test_verify_world_size_not_dividing_lanes(recipe_path, capsys):

@@ -315,24 +315,33 @@ def cmd_verify(args: argparse.Namespace) -> int:
     report = verify(recipe, args.world_sizes, args.steps, args.resume_at, args.num_workers, args.runner)
     elapsed = time.perf_counter() - started
     header = ("config", "steps", "agree?", "first differing step")
-    table = [(name, str(report.steps), "yes" if ok else "NO",
-              "-" if ok else (str(bad) if bad >= 0 else "(run ended early)"))
-             for name, bad, ok in report.rows]
+    # W=1 inline is the reference the others are compared with: one row saying so, not a comparison
+    table = [(report.reference_name, str(len(report.reference)), "(reference)", "-")]
+    table += [(name, str(report.steps), "yes" if ok else "NO",
+               "-" if ok else (str(bad) if bad >= 0 else "(run ended early)"))
+              for name, bad, ok in report.rows]
     widths = [max(len(r[i]) for r in [header, *table]) for i in range(len(header))]
     fmt = " | ".join(f"{{:<{w}}}" for w in widths)
     _out(f"recipe {args.recipe}: {recipe.lanes} lanes, global batch {recipe.global_batch_size} x "
-         f"{recipe.seq_len}; reference: world size 1, inline")
+         f"{recipe.seq_len}; steps 0..{args.steps - 1}, each configuration compared with the reference, "
+         f"{report.reference_name}")
     _out(fmt.format(*header))
     _out("-+-".join("-" * w for w in widths))
     for row in table:
         _out(fmt.format(*row))
-    last = report.reference[-1] if report.reference else "-"
-    _out(f"reference sha256 of global batch {report.steps - 1}: {last}")
+    if report.reference:
+        _out(f"reference sha256 of step {len(report.reference) - 1} (the last global batch): {report.reference[-1]}")
+    else:
+        _out("the reference delivered no global batch (its sources hold no data for one)")
+    if not report.rows:
+        _out(f"nothing compared: {report.reference_name} is the reference itself; add world sizes "
+             f"(--world-sizes 1,2,4), worker counts (--num-workers 0,2) or a resume (--resume-at K)")
+        return EXIT_OK
     bad_rows = [name for name, _, ok in report.rows if not ok]
     if bad_rows:
         _out(f"MISMATCH in {len(bad_rows)} of {len(report.rows)} configurations ({elapsed:.1f}s)")
         return EXIT_MISMATCH
-    _out(f"OK: all {len(report.rows)} configurations agree ({elapsed:.1f}s)")
+    _out(f"OK: all {len(report.rows)} configurations agree with the reference ({elapsed:.1f}s)")
     return EXIT_OK
 
 
