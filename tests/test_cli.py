@@ -88,7 +88,7 @@ def test_run_prints_the_digests_of_the_rank_batches(recipe_path, capsys):
     assert main(["run", str(recipe_path), "--world-size", "2", "--rank", "1", "--steps", "5", "--quiet"]) == 0
     out = capsys.readouterr().out
     lines = step_lines(out)
-    assert [s for s, _ in lines] == [1, 2, 3, 4, 5]
+    assert [s for s, _ in lines] == [0, 1, 2, 3, 4]  # global steps count from 0
     assert [d for _, d in lines] == reference_digests(recipe_path, 1, 2, 5)
     assert len({d for _, d in lines}) == 5
     fractions = [float(f) for *_, f in STEP_LINE.findall(out)]
@@ -106,7 +106,7 @@ def test_run_with_thread_workers_and_hash_every(recipe_path):
     result = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=120)
     assert result.returncode == 0, f"exit status {result.returncode}; stderr:\n{result.stderr[-3000:]}"
     ref = reference_digests(recipe_path, 0, 1, 8)
-    assert step_lines(result.stdout) == [(3, ref[2]), (6, ref[5]), (8, ref[7])]
+    assert step_lines(result.stdout) == [(2, ref[2]), (5, ref[5]), (7, ref[7])]  # every 3rd step, and the last
 
 
 def test_run_labels_the_recent_and_the_average_rate(recipe_path, capsys):
@@ -115,7 +115,7 @@ def test_run_labels_the_recent_and_the_average_rate(recipe_path, capsys):
     assert main(["run", str(recipe_path), "--steps", "12", "--quiet"]) == 0
     out = capsys.readouterr().out
     found = STEP_LINE.findall(out)
-    assert [int(step) for step, *_ in found] == list(range(1, 13))
+    assert [int(step) for step, *_ in found] == list(range(12))
     assert [int(window) for _, _, window, *_ in found] == [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 10, 10]
     _, _, _, recent, average, _ = found[0]
     assert recent == average  # one step: both windows are that step
@@ -156,9 +156,9 @@ def test_run_save_then_resume_on_other_world_sizes(recipe_path, tmp_path, capsys
     assert main(["run", str(recipe_path), "--world-size", "2", "--rank", "1", "--steps", "3",
                  "--resume", str(single), "--quiet"]) == 0
     out = capsys.readouterr().out
-    assert "resumed at step 3" in out
+    assert "resumed at step 3" in out and "steps 0..2 were delivered before the checkpoint" in out
     ref = reference_digests(recipe_path, 1, 2, 6)
-    assert step_lines(out) == [(4, ref[3]), (5, ref[4]), (6, ref[5])]
+    assert step_lines(out) == [(3, ref[3]), (4, ref[4]), (5, ref[5])]
 
     # Both ranks of a W=2 checkpoint, merged, resumed on rank 2 of 4.
     parts = [tmp_path / f"w2-r{r}.json" for r in range(2)]
@@ -169,7 +169,7 @@ def test_run_save_then_resume_on_other_world_sizes(recipe_path, tmp_path, capsys
     assert main(["run", str(recipe_path), "--world-size", "4", "--rank", "2", "--steps", "2", "--quiet",
                  "--resume", str(parts[0]), "--resume", str(parts[1])]) == 0
     ref = reference_digests(recipe_path, 2, 4, 5)
-    assert step_lines(capsys.readouterr().out) == [(4, ref[3]), (5, ref[4])]
+    assert step_lines(capsys.readouterr().out) == [(3, ref[3]), (4, ref[4])]
 
 
 def test_resume_errors_are_one_line(recipe_path, tmp_path, corpus, sp_model, capsys):
@@ -291,6 +291,37 @@ def test_verify_world_size_not_dividing_lanes(recipe_path, capsys):
 def test_verify_rejects_a_resume_step_outside_the_run(recipe_path, capsys):
     assert main(["verify", str(recipe_path), "--world-sizes", "1,2", "--steps", "2", "--resume-at", "2"]) == 2
     assert "--resume-at 2" in capsys.readouterr().err
+
+
+def test_run_and_verify_number_steps_alike(recipe_path, tmp_path, capsys):
+    """Step k is the (k+1)-th global batch in every command: the hash `run` prints at step k (one rank: the
+    global batch) is the one `verify` reports for step k, and a checkpoint saved after step k resumes at k+1."""
+    assert main(["run", str(recipe_path), "--steps", "6", "--quiet"]) == 0
+    by_step = dict(step_lines(capsys.readouterr().out))
+    assert sorted(by_step) == [0, 1, 2, 3, 4, 5] and len(set(by_step.values())) == 6
+    for k in (0, 3, 5):
+        assert main(["verify", str(recipe_path), "--world-sizes", "1", "--steps", str(k + 1)]) == 0
+        out = capsys.readouterr().out
+        assert f"steps 0..{k}," in out
+        assert f"reference sha256 of step {k} (the last global batch): {by_step[k]}" in out
+
+    state = tmp_path / "s.json"
+    assert main(["run", str(recipe_path), "--steps", "3", "--save-state", str(state), "--quiet"]) == 0
+    assert f"saved loader state after step 2 to {state} (a resume continues at step 3)" in capsys.readouterr().out
+    assert load_state(state)["step"] == 3  # as loader.step counts: batches delivered, the next step's number
+    assert main(["run", str(recipe_path), "--steps", "3", "--resume", str(state), "--quiet"]) == 0
+    assert step_lines(capsys.readouterr().out) == [(k, by_step[k]) for k in (3, 4, 5)]
+
+
+def test_help_texts_number_steps_from_0(capsys):
+    """`zephon --help` says once how steps are numbered; the options that take a step say it in the same terms."""
+    assert main(["--help"]) == 0
+    assert "Global steps are numbered from 0" in " ".join(capsys.readouterr().out.split())
+    assert main(["run", "--help"]) == 0
+    assert "steps 0..N-1" in " ".join(capsys.readouterr().out.split())
+    assert main(["verify", "--help"]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert "steps 0..N-1" in text and "checkpoint after steps 0..K-1" in text and "resume at step K" in text
 
 
 # -- inspect ----------------------------------------------------------------------------------------

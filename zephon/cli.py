@@ -6,6 +6,11 @@
     zephon run recipes/quickstart.toml --world-size 4 --rank 1 --steps 50 --resume s.json
     zephon verify recipes/quickstart.toml --world-sizes 1,8,16,32 --steps 20 --resume-at 9
 
+Global steps are numbered from 0 everywhere, as ``loader.step`` counts delivered batches and
+``set_mixture(at_step=)`` and mixture schedules use them: step ``s`` is the ``(s+1)``-th global batch.
+``run`` labels each batch with its step, ``verify`` names the first differing step, ``inspect`` tables the
+schedule by step, and a checkpoint taken after steps ``0..k-1`` resumes at step ``k``.
+
 Errors in the user's input (recipe, sources, checkpoints, world sizes) are reported as one line,
 ``zephon: error: <message>``, with exit status 2; ``verify`` exits 1 when batches disagree.
 """
@@ -24,6 +29,9 @@ from typing import Any, Iterable, Sequence
 EXIT_OK, EXIT_MISMATCH, EXIT_USAGE = 0, 1, 2
 PROG = "zephon"
 RATE_WINDOW = 10  # steps behind the "last K steps" rate of `zephon run`'s step lines
+STEPS_NOTE = ("Global steps are numbered from 0 in every command, as loader.step, set_mixture(at_step=) and "
+              "mixture schedules number them: step s is the (s+1)-th global batch, and a checkpoint taken after "
+              "steps 0..k-1 resumes at step k.")
 
 
 class CliError(Exception):
@@ -245,7 +253,8 @@ def cmd_run(args: argparse.Namespace) -> int:
              f"{lanes.start}..{lanes.stop - 1} ("
              + (f"{rows} records per batch); " if records else f"{rows} x {recipe.seq_len} tokens per batch); ")
              + (f"{args.num_workers} {args.runner} workers" if args.num_workers else "inline (no workers)")
-             + (f"; resumed at step {loader.step} from {', '.join(args.resume)}" if state is not None else ""))
+             + (f"; resumed at step {loader.step} from {', '.join(args.resume)} (steps 0..{loader.step - 1} "
+                f"were delivered before the checkpoint)" if state is not None else ""))
         if args.hash_every and args.steps:
             _out(f"{unit}/s: {'records' if records else 'tokens'} of this rank's batches (padding included) per "
                  f"second, over the last {RATE_WINDOW} steps (fewer at the start) and on average since the first "
@@ -263,7 +272,8 @@ def cmd_run(args: argparse.Namespace) -> int:
                 bar.update(n)
                 if args.hash_every and ((i + 1) % args.hash_every == 0 or i + 1 == args.steps):
                     k = rate.window_steps
-                    line = (f"step {loader.step:6d}  sha256 {batch_digest(batch)}  "
+                    # loader.step counts the batches delivered: this batch is step loader.step - 1
+                    line = (f"step {loader.step - 1:6d}  sha256 {batch_digest(batch)}  "
                             f"{unit}/s last {k:>2} step{'s' if k > 1 else ' '} {_human(rate.recent()):>7}  "
                             f"avg {_human(rate.average()):>7}  non-pad {real / rate.tokens:.4f}")
                     if bar.disable:
@@ -296,7 +306,8 @@ def cmd_run(args: argparse.Namespace) -> int:
             note = "" if args.world_size == 1 else (
                 f" (lanes {lanes.start}..{lanes.stop - 1} only: to resume on another world size, pass every "
                 f"rank's file to --resume)")
-            _out(f"saved loader state at step {loader.step} to {args.save_state}{note}")
+            done = f"after step {loader.step - 1}" if loader.step else "before step 0"
+            _out(f"saved loader state {done} to {args.save_state} (a resume continues at step {loader.step}){note}")
     return EXIT_OK
 
 
@@ -309,8 +320,9 @@ def cmd_verify(args: argparse.Namespace) -> int:
     for w in args.world_sizes:
         _check_world_size(recipe.lanes, w)
     if args.resume_at is not None and not 0 <= args.resume_at < args.steps:
-        raise CliError(f"--resume-at {args.resume_at} must be in [0, --steps={args.steps}): it is the step "
-                       f"at which the checkpoint is taken before the remaining steps are replayed.")
+        raise CliError(f"--resume-at {args.resume_at} must be in [0, --steps={args.steps}), steps 0..{args.steps - 1} "
+                       f"being verified: K is the step a resumed run starts at (the checkpoint is taken after "
+                       f"steps 0..K-1).")
     started = time.perf_counter()
     report = verify(recipe, args.world_sizes, args.steps, args.resume_at, args.num_workers, args.runner)
     elapsed = time.perf_counter() - started
@@ -442,7 +454,8 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         from .schedule_view import schedule_ascii, schedule_png, schedule_table
 
         names = [s["name"] for s in info["sources"]]
-        _out(f"mixture schedule ({schedule.interpolate}), normalised weights:")
+        _out(f"mixture schedule ({schedule.interpolate}), normalised weights by global step (from 0, as run "
+             f"and verify number them):")
         for line in schedule_table(schedule, names, args.schedule_steps):
             _out(line)
         for line in schedule_ascii(schedule, names, args.schedule_steps):
@@ -471,7 +484,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Zephon: an elastic-deterministic data loader for LLM pre-training. The same global "
                     "batches, byte for byte, on any number of data-parallel ranks and workers, and after "
                     "resuming on a different rank count.",
-        epilog="examples:\n"
+        epilog=f"{STEPS_NOTE}\n\nexamples:\n"
                "  zephon demo recipes\n"
                "  zephon inspect recipes/quickstart.toml\n"
                "  zephon run recipes/quickstart.toml --world-size 8 --rank 0 --steps 20\n"
@@ -502,7 +515,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="data-parallel world size; must divide the recipe's lanes (default: 1)")
     p.add_argument("--rank", type=_non_negative, default=0, metavar="R", help="data-parallel rank (default: 0)")
     p.add_argument("--steps", type=_non_negative, default=100, metavar="N",
-                   help="batches to stream (after the resumed step, with --resume; default: 100)")
+                   help="batches to stream: steps 0..N-1, or with --resume, N steps from the resumed step "
+                        "(default: 100)")
     p.add_argument("--num-workers", type=_non_negative, default=0, metavar="K",
                    help="read/tokenize workers; 0 runs inline (default: 0). Changes speed, never the batches")
     p.add_argument("--runner", choices=("thread", "pool", "process"), default="thread",
@@ -526,9 +540,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("recipe", metavar="RECIPE", help="recipe TOML file")
     p.add_argument("--world-sizes", type=_int_list, default=[1, 2, 4, 8], metavar="W1,W2,...",
                    help="world sizes to compare, each dividing the lanes (default: 1,2,4,8)")
-    p.add_argument("--steps", type=_positive, default=10, metavar="N", help="global batches per run (default: 10)")
+    p.add_argument("--steps", type=_positive, default=10, metavar="N",
+                   help="global batches per run: steps 0..N-1 (default: 10)")
     p.add_argument("--resume-at", type=_non_negative, default=None, metavar="K",
-                   help="also checkpoint after K steps and resume on the next world size of the list")
+                   help="also checkpoint after steps 0..K-1 on each world size and resume at step K on the next "
+                        "world size of the list")
     p.add_argument("--num-workers", type=_int_list, default=[0], metavar="K1,K2,...",
                    help="worker counts to try for each world size (default: 0)")
     p.add_argument("--runner", choices=("thread", "pool", "process"), default="thread",
@@ -543,7 +559,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="lanes whose first units are listed (default: 4)")
     p.add_argument("--json", action="store_true", help="print the same information as JSON")
     p.add_argument("--schedule-steps", type=_positive, default=None, metavar="N",
-                   help="show the mixture schedule up to step N (default: a bit past its last waypoint)")
+                   help="show the mixture schedule for steps 0..N (default: a bit past its last waypoint)")
     p.add_argument("--plot", metavar="PNG", help="also draw the mixture schedule into this PNG (needs matplotlib)")
     p.set_defaults(func=cmd_inspect)
     return parser
