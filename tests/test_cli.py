@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+import zephon as z
 from zephon import WorkPlan, batch_digest, build_loader, global_digest, load_recipe, load_state
 from zephon.cli import main
 
@@ -93,8 +94,8 @@ def test_run_prints_the_digests_of_the_rank_batches(recipe_path, capsys):
     assert len({d for _, d in lines}) == 5
     fractions = [float(f) for *_, f in STEP_LINE.findall(out)]
     assert all(0.5 < f <= 1.0 for f in fractions)
-    for word in ("summary:", "pad_fraction", "flush_pad_fraction", "flushes", "docs", "source_token_share",
-                 "web", "code"):
+    for word in ("summary:", "pad_fraction", "flush_pad_fraction", "flushes", "docs_delivered", "docs_taken",
+                 "source_token_share", "web", "code"):
         assert word in out
 
 
@@ -213,6 +214,58 @@ def test_run_world_size_not_dividing_lanes(recipe_path, capsys):
     err = capsys.readouterr().err
     assert err.startswith("zephon: error: ") and "world_size=3" in err and "lanes=16" in err
     assert "Traceback" not in err and err.count("\n") == 1
+
+
+def _document_ends(batch: dict) -> int:
+    """Documents that end in a packed batch, read from its tensors alone: segments (``segment_ids`` 1, 2, ...
+    per row) whose last position's label is -100 (a piece cut at the row's end has the next token there)."""
+    ends = 0
+    for seg_row, label_row in zip(batch["segment_ids"].tolist(), batch["labels"].tolist()):
+        last = {seg: i for i, seg in enumerate(seg_row) if seg}  # each segment's last position
+        ends += sum(1 for i in last.values() if label_row[i] == -100)
+    return ends
+
+
+def test_documents_taken_and_delivered_are_counted_apart(recipe_path, make_recipe, corpus, capsys):
+    """``docs_delivered`` is the number of documents that end in the delivered batches (counted here from the
+    tensors); ``docs_taken``, what the lanes took in, runs ahead of it; ``docs`` is the old name of the latter.
+    `zephon run` prints both, each labelled."""
+    steps = 4
+    with build_loader(make_recipe(), rank=0, world_size=1) as loader:
+        ends = [_document_ends(next(loader)) for _ in range(steps)]
+        m = loader.metrics()
+        ends += [_document_ends(next(loader)) for _ in range(3)]
+    assert m["docs_delivered"] == sum(ends[:steps]) > 0
+    assert m["docs_taken"] >= m["docs_delivered"] and m["docs"] == m["docs_taken"]
+    assert m["pieces_split"] > 0  # documents cut over rows occur, and count once (at their end)
+    # A function of the delivered batches alone: resumed after `steps` steps on two ranks, with workers, the
+    # ranks count the rest of the continuous run's document ends, no replayed one.
+    with build_loader(make_recipe(), rank=0, world_size=1) as loader:
+        for _ in range(steps):
+            next(loader)
+        state = loader.state_dict()
+    counted = 0
+    for rank in (0, 1):
+        with build_loader(make_recipe(), rank=rank, world_size=2, num_workers=1) as loader:
+            loader.load_state_dict(state)
+            for _ in range(3):
+                next(loader)
+            counted += loader.metrics()["docs_delivered"]
+    assert counted == sum(ends[steps:])
+
+    assert main(["run", str(recipe_path), "--steps", str(steps), "--quiet"]) == 0
+    out = capsys.readouterr().out
+    assert re.search(rf"docs_delivered {sum(ends[:steps])} \(documents that end in this rank's delivered batches\)  "
+                     rf"docs_taken {m['docs_taken']} \(documents its lanes took in;", out), out
+    assert not re.search(r"\bdocs \d", out)  # the unlabelled count of old
+
+    # Without pack(), a row is one record: every delivered record is a delivered document.
+    pipe = (z.Pipeline(seed=1, lanes=4).source("code", z.read.jsonl(str(corpus / "code" / "*.jsonl"), columns=["text"]))
+            .shuffle(buffer=8).batch(rows_per_lane=3))
+    with pipe.build(rank=0, world_size=1) as loader:
+        valid = sum(int(next(loader)["valid"].sum()) for _ in range(3))
+        m = loader.metrics()
+    assert m["docs_delivered"] == valid == 36 and m["docs_taken"] >= valid
 
 
 # -- verify -----------------------------------------------------------------------------------------

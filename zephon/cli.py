@@ -295,8 +295,11 @@ def cmd_run(args: argparse.Namespace) -> int:
                  + (f", {_human(steady)} average after the first batch ({args.steps - 1} steps), "
                     f"{_human(rate.recent())} over the last {k} steps" if steady is not None else ""))
         _out(f"  pad_fraction {m['pad_fraction']:.4%}  flush_pad_fraction {m['flush_pad_fraction']:.4%}  "
-             f"flushes {m['flushes']}  docs {m['docs']}  pieces_split {m['pieces_split']}  "
-             f"skipped_records {m['skipped_records']}")
+             f"flushes {m['flushes']}  pieces_split {m['pieces_split']}  skipped_records {m['skipped_records']}")
+        # two different counts, each labelled: what the batches hold, and what the lanes have read ahead
+        _out(f"  docs_delivered {m['docs_delivered']} (documents that end in this rank's delivered batches)  "
+             f"docs_taken {m['docs_taken']} (documents its lanes took in; the others are still held in open rows, "
+             f"shuffle buffers and steps computed ahead)")
         share = "  ".join(f"{k} {v:.3f}" for k, v in sorted(m["source_token_share"].items()))
         weights = sum(s.weight for s in recipe.sources)
         target = "  ".join(f"{s.name} {s.weight / weights:.3f}" for s in recipe.sources)
