@@ -405,6 +405,26 @@ def test_inspect_lists_sources_and_lane_units(recipe_path, capsys):
                 [(os.path.basename(sp.files[u.file]), u.start, u.end) for u in expected]
 
 
+def test_inspect_tidies_paths_for_display(tmp_path, corpus, sp_model, capsys):
+    """A glob relative to the recipe is joined to the recipe's folder as written (``recipes/../data/*.jsonl``):
+    `inspect` shows it normalised; URLs are never normalised (in an object store ``..`` is part of a key)."""
+    from zephon.cli import _display_path
+
+    folder = tmp_path / "recipes" / "sub"
+    folder.mkdir(parents=True)
+    data = base_recipe_dict(corpus, {"kind": "sentencepiece", "path": str(sp_model)})
+    data["sources"][1]["path"] = os.path.relpath(corpus / "code", folder) + "/*.jsonl"
+    assert ".." in data["sources"][1]["path"]
+    (folder / "r.toml").write_text(to_toml(data))
+    assert main(["inspect", str(folder / "r.toml"), "--lanes-shown", "1"]) == 0
+    out = capsys.readouterr().out
+    assert re.search(rf"^  code: jsonl {re.escape(str(corpus / 'code' / '*.jsonl'))}$", out, re.M), out
+    assert "/../" not in out
+    assert _display_path("recipes/../data/code/*.jsonl") == "data/code/*.jsonl"
+    for url in ("s3://bucket/a/../b/*.jsonl", "gs://b/./x//y.parquet", "az://c/a/../b"):
+        assert _display_path(url) == url
+
+
 # -- errors, demo, entry points ---------------------------------------------------------------------
 @pytest.mark.parametrize("command", ["run", "verify", "inspect"])
 def test_unknown_recipe_key_is_a_one_line_error(tmp_path, corpus, sp_model, capsys, command):

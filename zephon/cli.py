@@ -99,6 +99,15 @@ def _load_states(paths: Sequence[str]) -> tuple[dict[str, Any], list[dict[str, A
     return merge_states(states), states
 
 
+def _display_path(path: str) -> str:
+    """A source path tidied for people: ``recipes/../data/*.jsonl`` -> ``data/*.jsonl``. A glob is kept as the
+    recipe wrote it, joined to the recipe's folder (zephon/recipe.py resolves only plain paths), hence the
+    ``..``. URLs (``s3://b/a/../c``) are left alone: in an object store ``..`` is part of a key."""
+    if "://" in path:
+        return path
+    return os.path.normpath(path)
+
+
 def _lane_ranges(lanes: Iterable[int]) -> str:
     """``[0, 1, 2, 5, 7, 8]`` -> ``"0..2, 5, 7..8"``."""
     spans: list[list[int]] = []
@@ -430,14 +439,14 @@ def cmd_inspect(args: argparse.Namespace) -> int:
          f"batch_per_lane {info['batch_per_lane']}  global batch {info['global_batch_size']}  "
          f"flush_every {info['flush_every']}")
     if info["rows"] == "packed":
-        _out(f"  tokenizer {info['tokenizer']['kind']} {info['tokenizer']['path']}")
+        _out(f"  tokenizer {info['tokenizer']['kind']} {_display_path(info['tokenizer']['path'])}")
         _out(f"  pack {info['pack']['algorithm']} (max_open_bins {info['pack']['max_open_bins']})  "
              f"mix_by {info['mix_by']}  shuffle_buffer {info['shuffle_buffer']}  split_len {info['split_len']}")
     else:
         _out(f"  rows: {info['rows']}; the operators below")
     _out(f"sources ({len(info['sources'])}):")
     for s in info["sources"]:
-        _out(f"  {s['name']}: {s['format']} {', '.join(s['paths'])}")
+        _out(f"  {s['name']}: {s['format']} {', '.join(_display_path(p) for p in s['paths'])}")
         _out(f"    {s['files']} files, {s['units']} units, {s['units_per_lane']:.2f} units/lane, "
              f"weight {s['weight']:g} (share {s['share']:.3f})")
     _out(f"first units of lanes 0..{len(info['lanes_shown']) - 1}:")
