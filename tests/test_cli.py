@@ -447,6 +447,28 @@ def test_missing_recipe_and_missing_source(tmp_path, corpus, sp_model, capsys):
     assert err.startswith("zephon: error: ") and "nowhere" in err and "'code'" in err
 
 
+def test_tokenizer_by_a_missing_path_is_a_clear_error(tmp_path, monkeypatch):
+    """``z.tokenizer(path)`` reads the kind from the file: a missing file is a RecipeFileError (still a
+    FileNotFoundError) naming the path and the fix, not a raw traceback from open(); the demo's tokenizers
+    say which command builds them."""
+    from zephon.recipe import RecipeFileError
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(RecipeFileError) as info:
+        z.tokenizer("missing.model")
+    msg = str(info.value)
+    assert isinstance(info.value, FileNotFoundError) and isinstance(info.value, z.RecipeError)
+    assert "tokenizer('missing.model')" in msg and str(tmp_path / "missing.model") in msg
+    assert "pass the path of a SentencePiece .model, a Hugging Face tokenizer.json or a tiktoken" in msg
+    with pytest.raises(RecipeFileError, match=r"run `zephon demo recipes` to build the demo's tokenizers"):
+        z.tokenizer("recipes/tok_vl.model")  # the README's Images snippet before `zephon demo recipes`
+    (tmp_path / "toks").mkdir()
+    (tmp_path / "toks" / "tok.model").write_bytes(b"x")
+    with pytest.raises(RecipeFileError, match=r"is a folder, not a tokenizer file: pass one of the files in it, "
+                                              r"e\.g\. toks/tok\.model"):
+        z.tokenizer("toks")
+
+
 def test_usage_errors_and_help(capsys):
     assert main([]) == 2
     assert "usage: zephon" in capsys.readouterr().err
