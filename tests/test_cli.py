@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -479,26 +480,31 @@ def test_usage_errors_and_help(capsys):
     assert all(cmd in out for cmd in ("demo", "run", "verify", "inspect"))
 
 
-def test_demo_skips_existing_output(tmp_path, capsys, monkeypatch):
+def test_demo_force_rebuilds_every_part(tmp_path, capsys, monkeypatch):
+    """With every part present, `demo` has nothing to do; --force passes every part (and the options) on."""
     import zephon.demo
 
-    (tmp_path / "data").mkdir()
-    (tmp_path / "tok.model").write_bytes(b"x")
+    for pattern in zephon.demo.PARTS["text"] + zephon.demo.PARTS["tokenizer"] + zephon.demo.PARTS["vl"]:
+        path = tmp_path / pattern.replace("*", "part-0000")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(b"x")
     monkeypatch.setattr(zephon.demo, "make_demo", lambda *a, **k: pytest.fail("regenerated"))
     assert main(["demo", str(tmp_path)]) == 0
-    assert "already present" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "already present" in out and "nothing to do" in out and "--force rebuilds everything" in out
 
     calls = []
-    monkeypatch.setattr(zephon.demo, "make_demo", lambda *a: calls.append(a) or {"prose": 1, "code": 2})
+    monkeypatch.setattr(zephon.demo, "make_demo",
+                        lambda *a, **k: calls.append((a, k)) or {"prose": 1, "code": 2, "built": ["text"]})
     assert main(["demo", str(tmp_path), "--force", "--max-files", "5", "--vocab-size", "300"]) == 0
-    assert calls == [(str(tmp_path), 5, 300)] or calls == [(tmp_path, 5, 300)]
+    assert calls == [((tmp_path, 5, 300), {"parts": ["text", "tokenizer", "vl"]})]
     assert "1 prose documents" in capsys.readouterr().out
 
 
 def test_demo_tokenizer_training_errors_are_one_line(tmp_path, capsys, monkeypatch):
     import zephon.demo
 
-    def fail(*args):
+    def fail(*args, **kwargs):
         raise RuntimeError("INTERNAL: src/trainer_interface.cc(638) [(required_chars_.size()) <= (vocab_size())] "
                            "Vocabulary size is smaller than required_chars. 300 vs 353.")
 
@@ -509,16 +515,70 @@ def test_demo_tokenizer_training_errors_are_one_line(tmp_path, capsys, monkeypat
     assert "--vocab-size" in err and err.count("\n") == 1
 
 
-def test_demo_writes_a_runnable_quickstart(tmp_path, capsys):
-    out_dir = tmp_path / "recipes"
-    assert main(["demo", str(out_dir), "--max-files", "25", "--vocab-size", "400"]) == 0
+def _tree(root: Path) -> dict[str, tuple[bytes, int]]:
+    """Every file under ``root``: its bytes and its modification time (ns)."""
+    return {str(f.relative_to(root)): (f.read_bytes(), f.stat().st_mtime_ns) for f in sorted(root.rglob("*"))
+            if f.is_file()}
+
+
+@pytest.mark.timeout(600)
+def test_demo_builds_each_missing_part(tmp_path, capsys):
+    """`zephon demo` builds whatever part is missing and keeps the others, so running it again after the
+    vision extra is installed adds the vision-language data. Real files, nothing mocked: Pillow and
+    scikit-image are installed here (and in CI)."""
+    from tests.optional import require
+
+    require("PIL")
+    require("skimage")
+    out_dir = tmp_path / "recipes"  # a copy of recipes/ as a clone has it, before `zephon demo recipes`
+    shutil.copytree(REPO / "recipes", out_dir,
+                    ignore=shutil.ignore_patterns("data", "tok.model", "tok_vl.model", "tok.vocab", "__pycache__"))
+    argv = ["demo", str(out_dir), "--max-files", "25", "--vocab-size", "400"]
+    assert main(argv) == 0
     printed = capsys.readouterr().out
-    assert "tok.model" in printed and (out_dir / "tok.model").is_file()
-    assert sorted(p.name for p in (out_dir / "data" / "web").iterdir())[0] == "part-0000.parquet"
-    (out_dir / "quickstart.toml").write_text((REPO / "recipes" / "quickstart.toml").read_text())
+    assert "text corpus" in printed and "tokenizer (tok.model)" in printed and "image-caption pairs" in printed
+    text = {k: v for k, v in _tree(out_dir).items() if k.startswith(("data/web", "data/code", "data/chat"))}
+    vl = {k: v for k, v in _tree(out_dir).items() if k.startswith("data/vl/") or k == "tok_vl.model"}
+    assert len(text) == 16 and any(k.endswith(".tar") for k in vl) and "tok_vl.model" in vl
     assert main(["run", str(out_dir / "quickstart.toml"), "--world-size", "8", "--rank", "7", "--steps", "1",
                  "--quiet"]) == 0
-    assert len(step_lines(capsys.readouterr().out)) == 1
+    assert [s for s, _ in step_lines(capsys.readouterr().out)] == [0]
+
+    # Everything present: nothing to do, nothing rewritten.
+    before = _tree(out_dir)
+    assert main(argv) == 0
+    assert "nothing to do" in capsys.readouterr().out and _tree(out_dir) == before
+
+    # The vision-language part missing (as on a machine without the extra): the next run adds it, the
+    # same bytes as before, and leaves the text corpus and tok.model untouched.
+    shutil.rmtree(out_dir / "data" / "vl")
+    (out_dir / "tok_vl.model").unlink()
+    assert main(argv) == 0
+    printed = capsys.readouterr().out
+    assert "wrote the demo's vision-language data and tokenizer (data/vl, tok_vl.model)" in printed
+    assert "kept: text corpus" in printed and "kept: tokenizer (tok.model)" in printed
+    after = _tree(out_dir)
+    assert {k: after[k][0] for k in vl} == {k: v[0] for k, v in vl.items()}  # rebuilt byte for byte
+    assert {k: v for k, v in after.items() if k not in vl} == {k: v for k, v in before.items() if k not in vl}
+    assert main(["inspect", str(out_dir / "vl_quickstart.toml"), "--lanes-shown", "1"]) == 0
+    assert re.search(r"^\s+pairs: webdataset .*data/vl/pairs$", capsys.readouterr().out, re.M)
+
+
+def test_demo_says_how_to_get_the_vision_language_part(tmp_path, capsys, monkeypatch):
+    """Where Pillow or scikit-image is missing (simulated: both are installed here), the text part is built
+    and the output names the missing package and the command that installs it."""
+    import zephon.demo_vl
+
+    reason = "Pillow is not installed (python -m pip install -e '.[vision]')"
+    monkeypatch.setattr(zephon.demo_vl, "unavailable", lambda: reason)
+    argv = ["demo", str(tmp_path), "--max-files", "25", "--vocab-size", "400"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert f"no vision-language data: {reason}; then run this command again to add it." in out
+    assert (tmp_path / "tok.model").is_file() and not (tmp_path / "data" / "vl").exists()
+    assert main(argv) == 0  # the text part present: nothing to do, and the same advice
+    out = capsys.readouterr().out
+    assert "nothing to do" in out and f"no vision-language data: {reason}" in out
 
 
 def test_python_dash_m_zephon_help():

@@ -198,17 +198,30 @@ def _check_world_size(lanes: int, world_size: int) -> None:
 
 # -- demo -------------------------------------------------------------------------------------------
 def cmd_demo(args: argparse.Namespace) -> int:
+    """Build the parts of the demo that are missing (all of them with --force), each checked on its own."""
+    from .demo import PART_NAMES, PARTS, make_demo, missing_parts
+
     out = Path(args.out_dir)
     model, data = out / "tok.model", out / "data"
-    if model.is_file() and data.is_dir() and not args.force:
-        _out(f"demo data already present in {out}/ (data/ and tok.model); nothing to do "
-             f"(use --force to regenerate).")
+    todo = list(PARTS) if args.force else missing_parts(out)
+    if "vl" in todo:
+        from .demo_vl import unavailable
+
+        vl_skipped = unavailable()  # asked here too, so that "nothing to do" can say why the VL part is absent
+    else:
+        vl_skipped = None
+    present = [p for p in PARTS if p not in todo]
+    buildable = [p for p in todo if not (p == "vl" and vl_skipped is not None)]
+    if not buildable:
+        _out(f"demo data already present in {out}/: {'; '.join(PART_NAMES[p] for p in present)}; nothing to do "
+             f"(--force rebuilds everything).")
+        if vl_skipped is not None:
+            _out(f"  no vision-language data: {vl_skipped}; then run this command again to add it.")
         return EXIT_OK
-    from .demo import make_demo
 
     started = time.perf_counter()
     try:
-        counts = make_demo(out, args.max_files, args.vocab_size)
+        counts = make_demo(out, args.max_files, args.vocab_size, parts=todo)
     except RuntimeError as exc:  # SentencePiece reports bad training settings as RuntimeError("INTERNAL: ...")
         reason = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
         reason = reason.split("] ", 1)[-1].strip()
@@ -217,18 +230,24 @@ def cmd_demo(args: argparse.Namespace) -> int:
         raise CliError(f"training the demo tokenizer failed: {reason} (adjust --vocab-size, or mine more "
                        f"documents with a larger --max-files)") from None
     elapsed = time.perf_counter() - started
-    _out(f"wrote the demo corpus and tokenizer to {out}/ in {elapsed:.1f}s:")
-    for sub, kind, what in (("web", "prose", "documents"), ("code", "code", "documents"), ("chat", "chat", "conversations")):
-        files = sorted((data / sub).glob("*"))
-        size = sum(f.stat().st_size for f in files)
-        _out(f"  {data / sub}/  {len(files)} files, {size / 1e6:.1f} MB, {counts.get(kind, 0)} {kind} {what}")
-    _out(f"  {model}  SentencePiece BPE, vocab {args.vocab_size}, {model.stat().st_size / 1e3:.0f} kB")
-    if "vl_pairs" in counts:  # the vision-language quickstart (zephon/demo_vl.py)
+    built = counts.get("built", [])
+    _out(f"wrote the demo's {', '.join(PART_NAMES[p] for p in built)} to {out}/ in {elapsed:.1f}s:")
+    if "text" in built:
+        for sub, kind, what in (("web", "prose", "documents"), ("code", "code", "documents"),
+                                ("chat", "chat", "conversations")):
+            files = sorted((data / sub).glob("*"))
+            size = sum(f.stat().st_size for f in files)
+            _out(f"  {data / sub}/  {len(files)} files, {size / 1e6:.1f} MB, {counts.get(kind, 0)} {kind} {what}")
+    if "tokenizer" in built:
+        _out(f"  {model}  SentencePiece BPE, vocab {args.vocab_size}, {model.stat().st_size / 1e3:.0f} kB")
+    if "vl" in built:  # the vision-language quickstart (zephon/demo_vl.py)
         _out(f"  {data / 'vl'}/  {counts['vl_pairs']} image-caption pairs (WebDataset), {counts['vl_docs']} interleaved "
              f"documents with {counts['vl_doc_images']} images (Parquet), from {counts['vl_pictures']} pictures; "
              f"{out / 'tok_vl.model'}")
-    elif "vl_skipped" in counts:
-        _out(f"  no vision-language data: {counts['vl_skipped']}")
+    for part in present:
+        _out(f"  kept: {PART_NAMES[part]}, already present (--force rebuilds it)")
+    if "vl_skipped" in counts:
+        _out(f"  no vision-language data: {counts['vl_skipped']}; then run this command again to add it.")
     recipes = sorted(out.glob("*.toml"), key=lambda p: (p.name != "quickstart.toml", p.name))
     hint = recipes[0] if recipes else f"<a recipe in {out}/, e.g. a copy of recipes/quickstart.toml>"
     _out(f"next: zephon run {hint} --steps 20")
@@ -504,16 +523,22 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
-    p = sub.add_parser("demo", help="write the demo corpus and tokenizer (from Python's standard library)",
-                       description="Write OUT_DIR/data/{web,code} (prose as Parquet, code as JSON Lines, mined "
-                                   "from Python's standard library, no network) and a SentencePiece tokenizer "
-                                   "OUT_DIR/tok.model, as recipes/quickstart.toml expects next to it.")
-    p.add_argument("out_dir", metavar="OUT_DIR", help="folder to write data/ and tok.model into (e.g. recipes)")
+    p = sub.add_parser("demo", help="write the demo corpora and tokenizers (made locally, no network)",
+                       description="Write into OUT_DIR whichever of the demo's three parts is missing, each "
+                                   "checked on its own: the text corpus OUT_DIR/data/{web,code,chat} (prose as "
+                                   "Parquet, code and conversations as JSON Lines, mined from Python's standard "
+                                   "library); the SentencePiece tokenizer OUT_DIR/tok.model (both for "
+                                   "recipes/quickstart.toml); and, when Pillow and scikit-image are installed "
+                                   "(the vision extra: python -m pip install -e '.[vision]'), the "
+                                   "vision-language data OUT_DIR/data/vl and tokenizer OUT_DIR/tok_vl.model (for "
+                                   "recipes/vl_quickstart.toml), made from scikit-image's sample pictures. Run it "
+                                   "again after installing the extra to add the vision-language part.")
+    p.add_argument("out_dir", metavar="OUT_DIR", help="folder to write the demo into (e.g. recipes)")
     p.add_argument("--max-files", type=_positive, default=None, metavar="N",
                    help="mine only the first N standard-library files (default: all)")
     p.add_argument("--vocab-size", type=_positive, default=8000, metavar="V",
-                   help="SentencePiece vocabulary size (default: 8000)")
-    p.add_argument("--force", action="store_true", help="regenerate even if data/ and tok.model exist")
+                   help="SentencePiece vocabulary size of tok.model (default: 8000)")
+    p.add_argument("--force", action="store_true", help="rebuild every part, even those already present")
     p.set_defaults(func=cmd_demo)
 
     p = sub.add_parser("run", help="stream a recipe's batches for one rank, with hashes and throughput",
