@@ -306,7 +306,7 @@ def test_verify_never_compares_the_reference_with_itself(recipe_path, capsys, mo
     assert sorted(runs) == [(1, 0, None), (1, 1, None), (2, 0, None), (2, 1, None)]
     reference_rows = [line for line in out.splitlines() if line.startswith("W=1 workers=0 inline")]
     assert len(reference_rows) == 1 and "(reference)" in reference_rows[0]
-    assert re.search(r"^W=1 workers=1 thread\s*\|\s*2\s*\|\s*yes", out, re.M)
+    assert re.search(r"^W=1 workers=1 thread\s*\|\s*2\s*\|\s*yes", out, re.MULTILINE)
     assert "OK: all 3 configurations agree with the reference" in out
 
     # Only the reference: nothing is compared, and the output says so (not "all 1 configurations agree").
@@ -419,7 +419,7 @@ def test_inspect_tidies_paths_for_display(tmp_path, corpus, sp_model, capsys):
     (folder / "r.toml").write_text(to_toml(data))
     assert main(["inspect", str(folder / "r.toml"), "--lanes-shown", "1"]) == 0
     out = capsys.readouterr().out
-    assert re.search(rf"^  code: jsonl {re.escape(str(corpus / 'code' / '*.jsonl'))}$", out, re.M), out
+    assert re.search(rf"^  code: jsonl {re.escape(str(corpus / 'code' / '*.jsonl'))}$", out, re.MULTILINE), out
     assert "/../" not in out
     assert _display_path("recipes/../data/code/*.jsonl") == "data/code/*.jsonl"
     for url in ("s3://bucket/a/../b/*.jsonl", "gs://b/./x//y.parquet", "az://c/a/../b"):
@@ -561,7 +561,7 @@ def test_demo_builds_each_missing_part(tmp_path, capsys):
     assert {k: after[k][0] for k in vl} == {k: v[0] for k, v in vl.items()}  # rebuilt byte for byte
     assert {k: v for k, v in after.items() if k not in vl} == {k: v for k, v in before.items() if k not in vl}
     assert main(["inspect", str(out_dir / "vl_quickstart.toml"), "--lanes-shown", "1"]) == 0
-    assert re.search(r"^\s+pairs: webdataset .*data/vl/pairs$", capsys.readouterr().out, re.M)
+    assert re.search(r"^\s+pairs: webdataset .*data/vl/pairs$", capsys.readouterr().out, re.MULTILINE)
 
 
 def test_demo_says_how_to_get_the_vision_language_part(tmp_path, capsys, monkeypatch):
@@ -600,7 +600,8 @@ def test_import_zephon_loads_neither_torch_nor_the_engine():
             "names = {n: getattr(zephon, n) for n in zephon.__all__}\n"
             "print(json.dumps({'before': before, 'all': sorted(zephon.__all__), 'dir': sorted(dir(zephon)),\n"
             "                  'collate': type(zephon.collate).__name__, 'star': all(n in globals() for n in names)}))\n")
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120,
+                            check=False)
     assert result.returncode == 0, result.stderr[-3000:]
     got = json.loads(result.stdout)
     assert got["before"] == []  # not torch, not zephon.engine, nor any other zephon module
@@ -611,11 +612,11 @@ def test_import_zephon_loads_neither_torch_nor_the_engine():
 
     import zephon
 
-    assert len(zephon.__all__) == len(set(zephon.__all__)) == 39
+    assert len(zephon.__all__) == len(set(zephon.__all__)) == 39 and set(zephon.__all__) == set(zephon._EXPORTS)
     for name in zephon.__all__:
         where = zephon._EXPORTS[name]
         expected = importlib.import_module(f"zephon.{name}" if where == "" else "zephon" + where)
         assert getattr(zephon, name) is (expected if where == "" else getattr(expected, name)), name
     assert callable(zephon.read.parquet)
     with pytest.raises(AttributeError, match="no attribute 'nope'"):
-        zephon.nope  # noqa: B018
+        _ = zephon.nope

@@ -23,8 +23,8 @@ from .engine.steps_ahead import StepsAhead
 from .engine.lane import lane_depth
 from .engine.tokenizer_pool import uses_hf_tokenizer
 from .pipeline import Pipeline
-from .records import IGNORE
 from .recipe import Recipe, load_recipe
+from .records import IGNORE
 from .state.checkpoint import STATE_FORMAT, STATE_VERSION, check_compatible, check_container, seal
 from .state.lane import LaneState, StateError
 
