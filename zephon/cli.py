@@ -21,6 +21,7 @@ import argparse
 import json
 import os
 import sys
+import textwrap
 import time
 from collections import deque
 from pathlib import Path
@@ -515,7 +516,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Zephon: an elastic-deterministic data loader for LLM pre-training. The same global "
                     "batches, byte for byte, on any number of data-parallel ranks and workers, and after "
                     "resuming on a different rank count.",
-        epilog=f"{STEPS_NOTE}\n\nexamples:\n"
+        epilog=f"{textwrap.fill(STEPS_NOTE, 100)}\n\nexamples:\n"
                "  zephon demo recipes\n"
                "  zephon inspect recipes/quickstart.toml\n"
                "  zephon run recipes/quickstart.toml --world-size 8 --rank 0 --steps 20\n"
