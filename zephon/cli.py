@@ -6,6 +6,11 @@
     zephon run recipes/quickstart.toml --world-size 4 --rank 1 --steps 50 --resume s.json
     zephon verify recipes/quickstart.toml --world-sizes 1,8,16,32 --steps 20 --resume-at 9
 
+Global steps are numbered from 0 everywhere, as ``loader.step`` counts delivered batches and
+``set_mixture(at_step=)`` and mixture schedules use them: step ``s`` is the ``(s+1)``-th global batch.
+``run`` labels each batch with its step, ``verify`` names the first differing step, ``inspect`` tables the
+schedule by step, and a checkpoint taken after steps ``0..k-1`` resumes at step ``k``.
+
 Errors in the user's input (recipe, sources, checkpoints, world sizes) are reported as one line,
 ``zephon: error: <message>``, with exit status 2; ``verify`` exits 1 when batches disagree.
 """
@@ -16,6 +21,7 @@ import argparse
 import json
 import os
 import sys
+import textwrap
 import time
 from collections import deque
 from pathlib import Path
@@ -24,6 +30,9 @@ from typing import Any, Iterable, Sequence
 EXIT_OK, EXIT_MISMATCH, EXIT_USAGE = 0, 1, 2
 PROG = "zephon"
 RATE_WINDOW = 10  # steps behind the "last K steps" rate of `zephon run`'s step lines
+STEPS_NOTE = ("Global steps are numbered from 0 in every command, as loader.step, set_mixture(at_step=) and "
+              "mixture schedules number them: step s is the (s+1)-th global batch, and a checkpoint taken after "
+              "steps 0..k-1 resumes at step k.")
 
 
 class CliError(Exception):
@@ -90,6 +99,15 @@ def _load_states(paths: Sequence[str]) -> tuple[dict[str, Any], list[dict[str, A
             raise StateError(f"{path}: not a Zephon loader state; pass a file written by "
                              f"`zephon run --save-state` or zephon.save_state().")
     return merge_states(states), states
+
+
+def _display_path(path: str) -> str:
+    """A source path tidied for people: ``recipes/../data/*.jsonl`` -> ``data/*.jsonl``. A glob is kept as the
+    recipe wrote it, joined to the recipe's folder (zephon/recipe.py resolves only plain paths), hence the
+    ``..``. URLs (``s3://b/a/../c``) are left alone: in an object store ``..`` is part of a key."""
+    if "://" in path:
+        return path
+    return os.path.normpath(path)
 
 
 def _lane_ranges(lanes: Iterable[int]) -> str:
@@ -182,17 +200,30 @@ def _check_world_size(lanes: int, world_size: int) -> None:
 
 # -- demo -------------------------------------------------------------------------------------------
 def cmd_demo(args: argparse.Namespace) -> int:
+    """Build the parts of the demo that are missing (all of them with --force), each checked on its own."""
+    from .demo import PART_NAMES, PARTS, make_demo, missing_parts
+
     out = Path(args.out_dir)
     model, data = out / "tok.model", out / "data"
-    if model.is_file() and data.is_dir() and not args.force:
-        _out(f"demo data already present in {out}/ (data/ and tok.model); nothing to do "
-             f"(use --force to regenerate).")
+    todo = list(PARTS) if args.force else missing_parts(out)
+    if "vl" in todo:
+        from .demo_vl import unavailable
+
+        vl_skipped = unavailable()  # asked here too, so that "nothing to do" can say why the VL part is absent
+    else:
+        vl_skipped = None
+    present = [p for p in PARTS if p not in todo]
+    buildable = [p for p in todo if not (p == "vl" and vl_skipped is not None)]
+    if not buildable:
+        _out(f"demo data already present in {out}/: {'; '.join(PART_NAMES[p] for p in present)}; nothing to do "
+             f"(--force rebuilds everything).")
+        if vl_skipped is not None:
+            _out(f"  no vision-language data: {vl_skipped}; then run this command again to add it.")
         return EXIT_OK
-    from .demo import make_demo
 
     started = time.perf_counter()
     try:
-        counts = make_demo(out, args.max_files, args.vocab_size)
+        counts = make_demo(out, args.max_files, args.vocab_size, parts=todo)
     except RuntimeError as exc:  # SentencePiece reports bad training settings as RuntimeError("INTERNAL: ...")
         reason = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
         reason = reason.split("] ", 1)[-1].strip()
@@ -201,18 +232,24 @@ def cmd_demo(args: argparse.Namespace) -> int:
         raise CliError(f"training the demo tokenizer failed: {reason} (adjust --vocab-size, or mine more "
                        f"documents with a larger --max-files)") from None
     elapsed = time.perf_counter() - started
-    _out(f"wrote the demo corpus and tokenizer to {out}/ in {elapsed:.1f}s:")
-    for sub, kind, what in (("web", "prose", "documents"), ("code", "code", "documents"), ("chat", "chat", "conversations")):
-        files = sorted((data / sub).glob("*"))
-        size = sum(f.stat().st_size for f in files)
-        _out(f"  {data / sub}/  {len(files)} files, {size / 1e6:.1f} MB, {counts.get(kind, 0)} {kind} {what}")
-    _out(f"  {model}  SentencePiece BPE, vocab {args.vocab_size}, {model.stat().st_size / 1e3:.0f} kB")
-    if "vl_pairs" in counts:  # the vision-language quickstart (zephon/demo_vl.py)
+    built = counts.get("built", [])
+    _out(f"wrote the demo's {', '.join(PART_NAMES[p] for p in built)} to {out}/ in {elapsed:.1f}s:")
+    if "text" in built:
+        for sub, kind, what in (("web", "prose", "documents"), ("code", "code", "documents"),
+                                ("chat", "chat", "conversations")):
+            files = sorted((data / sub).glob("*"))
+            size = sum(f.stat().st_size for f in files)
+            _out(f"  {data / sub}/  {len(files)} files, {size / 1e6:.1f} MB, {counts.get(kind, 0)} {kind} {what}")
+    if "tokenizer" in built:
+        _out(f"  {model}  SentencePiece BPE, vocab {args.vocab_size}, {model.stat().st_size / 1e3:.0f} kB")
+    if "vl" in built:  # the vision-language quickstart (zephon/demo_vl.py)
         _out(f"  {data / 'vl'}/  {counts['vl_pairs']} image-caption pairs (WebDataset), {counts['vl_docs']} interleaved "
              f"documents with {counts['vl_doc_images']} images (Parquet), from {counts['vl_pictures']} pictures; "
              f"{out / 'tok_vl.model'}")
-    elif "vl_skipped" in counts:
-        _out(f"  no vision-language data: {counts['vl_skipped']}")
+    for part in present:
+        _out(f"  kept: {PART_NAMES[part]}, already present (--force rebuilds it)")
+    if "vl_skipped" in counts:
+        _out(f"  no vision-language data: {counts['vl_skipped']}; then run this command again to add it.")
     recipes = sorted(out.glob("*.toml"), key=lambda p: (p.name != "quickstart.toml", p.name))
     hint = recipes[0] if recipes else f"<a recipe in {out}/, e.g. a copy of recipes/quickstart.toml>"
     _out(f"next: zephon run {hint} --steps 20")
@@ -223,9 +260,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
 def cmd_run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from .collate import batch_digest
+    from .batches.packed import batch_digest
     from .loader import build_loader
-    from .recipe import load_recipe
+    from .recipe.parse import load_recipe
     from .state import save_state
 
     recipe = load_recipe(args.recipe)
@@ -246,7 +283,8 @@ def cmd_run(args: argparse.Namespace) -> int:
              f"{lanes.start}..{lanes.stop - 1} ("
              + (f"{rows} records per batch); " if records else f"{rows} x {recipe.seq_len} tokens per batch); ")
              + (f"{args.num_workers} {args.runner} workers" if args.num_workers else "inline (no workers)")
-             + (f"; resumed at step {loader.step} from {', '.join(args.resume)}" if state is not None else ""))
+             + (f"; resumed at step {loader.step} from {', '.join(args.resume)} (steps 0..{loader.step - 1} "
+                f"were delivered before the checkpoint)" if state is not None else ""))
         if args.hash_every and args.steps:
             _out(f"{unit}/s: {'records' if records else 'tokens'} of this rank's batches (padding included) per "
                  f"second, over the last {RATE_WINDOW} steps (fewer at the start) and on average since the first "
@@ -264,7 +302,8 @@ def cmd_run(args: argparse.Namespace) -> int:
                 bar.update(n)
                 if args.hash_every and ((i + 1) % args.hash_every == 0 or i + 1 == args.steps):
                     k = rate.window_steps
-                    line = (f"step {loader.step:6d}  sha256 {batch_digest(batch)}  "
+                    # loader.step counts the batches delivered: this batch is step loader.step - 1
+                    line = (f"step {loader.step - 1:6d}  sha256 {batch_digest(batch)}  "
                             f"{unit}/s last {k:>2} step{'s' if k > 1 else ' '} {_human(rate.recent()):>7}  "
                             f"avg {_human(rate.average()):>7}  non-pad {real / rate.tokens:.4f}")
                     if bar.disable:
@@ -286,8 +325,11 @@ def cmd_run(args: argparse.Namespace) -> int:
                  + (f", {_human(steady)} average after the first batch ({args.steps - 1} steps), "
                     f"{_human(rate.recent())} over the last {k} steps" if steady is not None else ""))
         _out(f"  pad_fraction {m['pad_fraction']:.4%}  flush_pad_fraction {m['flush_pad_fraction']:.4%}  "
-             f"flushes {m['flushes']}  docs {m['docs']}  pieces_split {m['pieces_split']}  "
-             f"skipped_records {m['skipped_records']}")
+             f"flushes {m['flushes']}  pieces_split {m['pieces_split']}  skipped_records {m['skipped_records']}")
+        # two different counts, each labelled: what the batches hold, and what the lanes have read ahead
+        _out(f"  docs_delivered {m['docs_delivered']} (documents that end in this rank's delivered batches)  "
+             f"docs_taken {m['docs_taken']} (documents its lanes took in; the others are still held in open rows, "
+             f"shuffle buffers and steps computed ahead)")
         share = "  ".join(f"{k} {v:.3f}" for k, v in sorted(m["source_token_share"].items()))
         weights = sum(s.weight for s in recipe.sources)
         target = "  ".join(f"{s.name} {s.weight / weights:.3f}" for s in recipe.sources)
@@ -297,43 +339,54 @@ def cmd_run(args: argparse.Namespace) -> int:
             note = "" if args.world_size == 1 else (
                 f" (lanes {lanes.start}..{lanes.stop - 1} only: to resume on another world size, pass every "
                 f"rank's file to --resume)")
-            _out(f"saved loader state at step {loader.step} to {args.save_state}{note}")
+            done = f"after step {loader.step - 1}" if loader.step else "before step 0"
+            _out(f"saved loader state {done} to {args.save_state} (a resume continues at step {loader.step}){note}")
     return EXIT_OK
 
 
 # -- verify -----------------------------------------------------------------------------------------
 def cmd_verify(args: argparse.Namespace) -> int:
-    from .recipe import load_recipe
+    from .recipe.parse import load_recipe
     from .verify import verify
 
     recipe = load_recipe(args.recipe)
     for w in args.world_sizes:
         _check_world_size(recipe.lanes, w)
     if args.resume_at is not None and not 0 <= args.resume_at < args.steps:
-        raise CliError(f"--resume-at {args.resume_at} must be in [0, --steps={args.steps}): it is the step "
-                       f"at which the checkpoint is taken before the remaining steps are replayed.")
+        raise CliError(f"--resume-at {args.resume_at} must be in [0, --steps={args.steps}), steps 0..{args.steps - 1} "
+                       f"being verified: K is the step a resumed run starts at (the checkpoint is taken after "
+                       f"steps 0..K-1).")
     started = time.perf_counter()
     report = verify(recipe, args.world_sizes, args.steps, args.resume_at, args.num_workers, args.runner)
     elapsed = time.perf_counter() - started
     header = ("config", "steps", "agree?", "first differing step")
-    table = [(name, str(report.steps), "yes" if ok else "NO",
-              "-" if ok else (str(bad) if bad >= 0 else "(run ended early)"))
-             for name, bad, ok in report.rows]
+    # W=1 inline is the reference the others are compared with: one row saying so, not a comparison
+    table = [(report.reference_name, str(len(report.reference)), "(reference)", "-")]
+    table += [(name, str(report.steps), "yes" if ok else "NO",
+               "-" if ok else (str(bad) if bad >= 0 else "(run ended early)"))
+              for name, bad, ok in report.rows]
     widths = [max(len(r[i]) for r in [header, *table]) for i in range(len(header))]
     fmt = " | ".join(f"{{:<{w}}}" for w in widths)
     _out(f"recipe {args.recipe}: {recipe.lanes} lanes, global batch {recipe.global_batch_size} x "
-         f"{recipe.seq_len}; reference: world size 1, inline")
+         f"{recipe.seq_len}; steps 0..{args.steps - 1}, each configuration compared with the reference, "
+         f"{report.reference_name}")
     _out(fmt.format(*header))
     _out("-+-".join("-" * w for w in widths))
     for row in table:
         _out(fmt.format(*row))
-    last = report.reference[-1] if report.reference else "-"
-    _out(f"reference sha256 of global batch {report.steps - 1}: {last}")
+    if report.reference:
+        _out(f"reference sha256 of step {len(report.reference) - 1} (the last global batch): {report.reference[-1]}")
+    else:
+        _out("the reference delivered no global batch (its sources hold no data for one)")
+    if not report.rows:
+        _out(f"nothing compared: {report.reference_name} is the reference itself; add world sizes "
+             f"(--world-sizes 1,2,4), worker counts (--num-workers 0,2) or a resume (--resume-at K)")
+        return EXIT_OK
     bad_rows = [name for name, _, ok in report.rows if not ok]
     if bad_rows:
         _out(f"MISMATCH in {len(bad_rows)} of {len(report.rows)} configurations ({elapsed:.1f}s)")
         return EXIT_MISMATCH
-    _out(f"OK: all {len(report.rows)} configurations agree ({elapsed:.1f}s)")
+    _out(f"OK: all {len(report.rows)} configurations agree with the reference ({elapsed:.1f}s)")
     return EXIT_OK
 
 
@@ -351,7 +404,7 @@ def _coordinate(fmt: str, path: str) -> str:
 def inspect_plan(recipe_path: str, lanes_shown: int = 4, units_shown: int = 3) -> dict[str, Any]:
     """The recipe, its sources' plans and the first units of the first lanes, as plain data."""
     from .plan import WorkPlan
-    from .recipe import load_recipe
+    from .recipe.parse import load_recipe
 
     recipe = load_recipe(recipe_path)
     pipe = recipe.to_pipeline()
@@ -407,14 +460,14 @@ def cmd_inspect(args: argparse.Namespace) -> int:
          f"batch_per_lane {info['batch_per_lane']}  global batch {info['global_batch_size']}  "
          f"flush_every {info['flush_every']}")
     if info["rows"] == "packed":
-        _out(f"  tokenizer {info['tokenizer']['kind']} {info['tokenizer']['path']}")
+        _out(f"  tokenizer {info['tokenizer']['kind']} {_display_path(info['tokenizer']['path'])}")
         _out(f"  pack {info['pack']['algorithm']} (max_open_bins {info['pack']['max_open_bins']})  "
              f"mix_by {info['mix_by']}  shuffle_buffer {info['shuffle_buffer']}  split_len {info['split_len']}")
     else:
         _out(f"  rows: {info['rows']}; the operators below")
     _out(f"sources ({len(info['sources'])}):")
     for s in info["sources"]:
-        _out(f"  {s['name']}: {s['format']} {', '.join(s['paths'])}")
+        _out(f"  {s['name']}: {s['format']} {', '.join(_display_path(p) for p in s['paths'])}")
         _out(f"    {s['files']} files, {s['units']} units, {s['units_per_lane']:.2f} units/lane, "
              f"weight {s['weight']:g} (share {s['share']:.3f})")
     _out(f"first units of lanes 0..{len(info['lanes_shown']) - 1}:")
@@ -434,7 +487,8 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         from .schedule_view import schedule_ascii, schedule_png, schedule_table
 
         names = [s["name"] for s in info["sources"]]
-        _out(f"mixture schedule ({schedule.interpolate}), normalised weights:")
+        _out(f"mixture schedule ({schedule.interpolate}), normalised weights by global step (from 0, as run "
+             f"and verify number them):")
         for line in schedule_table(schedule, names, args.schedule_steps):
             _out(line)
         for line in schedule_ascii(schedule, names, args.schedule_steps):
@@ -449,7 +503,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
 def inspect_schedule(recipe_path: str) -> Any:
     """The recipe's mixture schedule, if it has one."""
-    from .recipe import load_recipe
+    from .recipe.parse import load_recipe
 
     return load_recipe(recipe_path).to_pipeline().compile().schedule
 
@@ -463,7 +517,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Zephon: an elastic-deterministic data loader for LLM pre-training. The same global "
                     "batches, byte for byte, on any number of data-parallel ranks and workers, and after "
                     "resuming on a different rank count.",
-        epilog="examples:\n"
+        epilog=f"{textwrap.fill(STEPS_NOTE, 100)}\n\nexamples:\n"
                "  zephon demo recipes\n"
                "  zephon inspect recipes/quickstart.toml\n"
                "  zephon run recipes/quickstart.toml --world-size 8 --rank 0 --steps 20\n"
@@ -471,16 +525,22 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
-    p = sub.add_parser("demo", help="write the demo corpus and tokenizer (from Python's standard library)",
-                       description="Write OUT_DIR/data/{web,code} (prose as Parquet, code as JSON Lines, mined "
-                                   "from Python's standard library, no network) and a SentencePiece tokenizer "
-                                   "OUT_DIR/tok.model, as recipes/quickstart.toml expects next to it.")
-    p.add_argument("out_dir", metavar="OUT_DIR", help="folder to write data/ and tok.model into (e.g. recipes)")
+    p = sub.add_parser("demo", help="write the demo corpora and tokenizers (made locally, no network)",
+                       description="Write into OUT_DIR whichever of the demo's three parts is missing, each "
+                                   "checked on its own: the text corpus OUT_DIR/data/{web,code,chat} (prose as "
+                                   "Parquet, code and conversations as JSON Lines, mined from Python's standard "
+                                   "library); the SentencePiece tokenizer OUT_DIR/tok.model (both for "
+                                   "recipes/quickstart.toml); and, when Pillow and scikit-image are installed "
+                                   "(the vision extra: python -m pip install -e '.[vision]'), the "
+                                   "vision-language data OUT_DIR/data/vl and tokenizer OUT_DIR/tok_vl.model (for "
+                                   "recipes/vl_quickstart.toml), made from scikit-image's sample pictures. Run it "
+                                   "again after installing the extra to add the vision-language part.")
+    p.add_argument("out_dir", metavar="OUT_DIR", help="folder to write the demo into (e.g. recipes)")
     p.add_argument("--max-files", type=_positive, default=None, metavar="N",
                    help="mine only the first N standard-library files (default: all)")
     p.add_argument("--vocab-size", type=_positive, default=8000, metavar="V",
-                   help="SentencePiece vocabulary size (default: 8000)")
-    p.add_argument("--force", action="store_true", help="regenerate even if data/ and tok.model exist")
+                   help="SentencePiece vocabulary size of tok.model (default: 8000)")
+    p.add_argument("--force", action="store_true", help="rebuild every part, even those already present")
     p.set_defaults(func=cmd_demo)
 
     p = sub.add_parser("run", help="stream a recipe's batches for one rank, with hashes and throughput",
@@ -494,7 +554,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="data-parallel world size; must divide the recipe's lanes (default: 1)")
     p.add_argument("--rank", type=_non_negative, default=0, metavar="R", help="data-parallel rank (default: 0)")
     p.add_argument("--steps", type=_non_negative, default=100, metavar="N",
-                   help="batches to stream (after the resumed step, with --resume; default: 100)")
+                   help="batches to stream: steps 0..N-1, or with --resume, N steps from the resumed step "
+                        "(default: 100)")
     p.add_argument("--num-workers", type=_non_negative, default=0, metavar="K",
                    help="read/tokenize workers; 0 runs inline (default: 0). Changes speed, never the batches")
     p.add_argument("--runner", choices=("thread", "pool", "process"), default="thread",
@@ -518,9 +579,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("recipe", metavar="RECIPE", help="recipe TOML file")
     p.add_argument("--world-sizes", type=_int_list, default=[1, 2, 4, 8], metavar="W1,W2,...",
                    help="world sizes to compare, each dividing the lanes (default: 1,2,4,8)")
-    p.add_argument("--steps", type=_positive, default=10, metavar="N", help="global batches per run (default: 10)")
+    p.add_argument("--steps", type=_positive, default=10, metavar="N",
+                   help="global batches per run: steps 0..N-1 (default: 10)")
     p.add_argument("--resume-at", type=_non_negative, default=None, metavar="K",
-                   help="also checkpoint after K steps and resume on the next world size of the list")
+                   help="also checkpoint after steps 0..K-1 on each world size and resume at step K on the next "
+                        "world size of the list")
     p.add_argument("--num-workers", type=_int_list, default=[0], metavar="K1,K2,...",
                    help="worker counts to try for each world size (default: 0)")
     p.add_argument("--runner", choices=("thread", "pool", "process"), default="thread",
@@ -535,7 +598,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="lanes whose first units are listed (default: 4)")
     p.add_argument("--json", action="store_true", help="print the same information as JSON")
     p.add_argument("--schedule-steps", type=_positive, default=None, metavar="N",
-                   help="show the mixture schedule up to step N (default: a bit past its last waypoint)")
+                   help="show the mixture schedule for steps 0..N (default: a bit past its last waypoint)")
     p.add_argument("--plot", metavar="PNG", help="also draw the mixture schedule into this PNG (needs matplotlib)")
     p.set_defaults(func=cmd_inspect)
     return parser

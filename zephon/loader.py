@@ -22,10 +22,11 @@ from .engine.runners import make_executor, make_host, runner_named
 from .engine.steps_ahead import StepsAhead
 from .engine.lane import lane_depth
 from .engine.tokenizer_pool import uses_hf_tokenizer
+from .errors import StateError
 from .graph.program import CompiledPipeline
+from .records import IGNORE
 from .state.checkpoint import STATE_FORMAT, STATE_VERSION, check_compatible, check_container, seal, unwrap_state
 from .state.lane import LaneState
-from .errors import StateError
 
 STEPS_AHEAD = 2  # steps the lanes compute before the trainer asks, where default_steps_ahead() says so
 
@@ -186,7 +187,7 @@ class ZephonLoader:
         self.step = int(state["step"]) if state is not None else 0
         self._ended = bool(state.get("ended", False)) if state is not None else False
         self._ended_states: dict[int, dict] | None = None
-        self._delivered = {"rows": 0, "pad": 0, "flush_pad": 0}  # since this (re)start
+        self._delivered = {"rows": 0, "pad": 0, "flush_pad": 0, "docs": 0}  # since this (re)start
         self._initialized = True
         self._started = time.perf_counter()
         self._tokens_at_start = self._delivered_tokens()
@@ -239,6 +240,7 @@ class ZephonLoader:
             d["pad"] += row.free
             if row.flushed:
                 d["flush_pad"] += row.free
+            d["docs"] += documents_ended(row)
         if isinstance(self._host, StepsAhead):
             made = self._host.take_batch(rows)
             # the memory pool belongs to the thread that collates ahead: never collate into it from here
@@ -382,16 +384,26 @@ class ZephonLoader:
         """Counters to log: tokens/s (``records_per_s`` instead for a pipeline without ``pack()``), padding
         fractions, sentinel cost, skips, per-lane progress.
 
-        ``pad_fraction`` / ``flush_pad_fraction`` cover the rows *delivered* since the last (re)start;
-        ``docs``, ``flushes``, ``units``, ... count the work the lanes did since the (re)start, which
-        runs a little ahead of delivery; after a resume, the replay up to the checkpoint is not counted.
+        ``pad_fraction`` / ``flush_pad_fraction`` / ``docs_delivered`` cover the rows *delivered* since the
+        last (re)start; ``docs_taken``, ``flushes``, ``units``, ... count the work the lanes did since the
+        (re)start, which runs ahead of delivery (open rows, a shuffle buffer, steps computed ahead); after a
+        resume, the replay up to the checkpoint is not counted.
+
+        - ``docs_taken``: documents the lanes took from their sources (a split document once, by its last
+          piece), delivered or not yet.
+        - ``docs_delivered``: documents that ended in the delivered rows (a row's piece whose tail label is
+          ``IGNORE``, or one record of a pipeline without ``pack()``); a document cut over two rows counts
+          once, in the row that holds its end. Fresh from the start, ``docs_delivered <= docs_taken``
+          unless an operator after the mixer makes more documents than it is given.
+        - ``docs``: deprecated alias of ``docs_taken`` (kept for readers of the old name, e.g.
+          scripts/bench/cadence.py).
         """
         total = LaneCounters()
         per_lane = self._host.counters()
         states = self._host.states()
         for counters in per_lane.values():
             total.merge(counters)
-        d = getattr(self, "_delivered", {"rows": 0, "pad": 0, "flush_pad": 0})
+        d = getattr(self, "_delivered", {"rows": 0, "pad": 0, "flush_pad": 0, "docs": 0})
         delivered = d["rows"] * self.program.seq_len
         elapsed = max(time.perf_counter() - self._started, 1e-9)
         rate = (self._delivered_tokens() - getattr(self, "_tokens_at_start", 0)) / elapsed
@@ -402,7 +414,9 @@ class ZephonLoader:
             "rows_delivered": d["rows"],
             "pad_fraction": d["pad"] / delivered if delivered else 0.0,
             "flush_pad_fraction": d["flush_pad"] / delivered if delivered else 0.0,
-            "docs": total.docs, "doc_tokens": total.doc_tokens, "rows_packed": total.rows,
+            "docs_taken": total.docs, "docs_delivered": d["docs"],
+            "docs": total.docs,  # deprecated: docs_taken
+            "doc_tokens": total.doc_tokens, "rows_packed": total.rows,
             "flushes": total.flushes, "units": total.units, "pieces_split": total.pieces_split,
             "skipped_records": total.skipped_records, "skipped_by_reason": dict(total.skipped_by_reason),
             "skipped_by_source": _by_source(total.skipped_by_source),
@@ -436,6 +450,16 @@ class ZephonLoader:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+
+def documents_ended(row: Any) -> int:
+    """How many documents end in a delivered row: its pieces whose tail label is ``IGNORE`` (a piece cut at
+    the row's end carries the next token instead), or 1 for a record row of a pipeline without ``pack()``
+    (0 for a row of padding)."""
+    tails = getattr(row, "tails", None)
+    if tails is None:  # a RecordRow: one record, or none (padding)
+        return int(row.fill)
+    return sum(1 for t in tails if t == IGNORE)
 
 
 def _recent(counters: Any) -> dict[str, int]:

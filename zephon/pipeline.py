@@ -516,14 +516,9 @@ def tokenizer(path: str, kind: str | None = None, *, add_eos: bool = True, add_b
     """
     from .tokenization import sniff_tokenizer_kind
 
-    p = Path(path)
-    if not p.is_file():
-        where = "is a folder, not a tokenizer file" if p.is_dir() else "does not exist"
-        raise RecipeFileError(f"tokenizer({path!r}): the path {where}. Pass a SentencePiece .model, a Hugging Face "
-                              f"tokenizer.json or a tiktoken .tiktoken file (after `zephon demo recipes`, the demo's "
-                              f"is recipes/tok.model).")
+    _check_tokenizer_file(path)  # a clear error now, rather than a backend's when the pipeline is built
     if kind is None:
-        kind = sniff_tokenizer_kind(p)
+        kind = sniff_tokenizer_kind(Path(path))
         if kind is None:
             raise PipelineError(f"tokenizer({path!r}): cannot tell which kind of tokenizer this file is; pass "
                                 f"kind='sentencepiece', 'huggingface' or 'tiktoken'")
@@ -534,6 +529,26 @@ def tokenizer(path: str, kind: str | None = None, *, add_eos: bool = True, add_b
     except RecipeError as exc:
         raise PipelineError(str(exc)) from None
     return spec
+
+
+def _check_tokenizer_file(path: str | Path) -> None:
+    """``tokenizer(path)``'s file must exist and be a file; else a RecipeFileError (also a FileNotFoundError,
+    what this raised before) naming the path as given and as resolved, and the fix."""
+    p = Path(path)
+    where = f"tokenizer({str(path)!r})"
+    if p.is_dir():
+        inside = sorted(q.name for q in p.iterdir()
+                        if q.is_file() and (q.name.endswith((".model", ".tiktoken")) or q.name == "tokenizer.json"))
+        hint = f": pass one of the files in it, e.g. {p / inside[0]}" if inside else \
+            ": pass a SentencePiece .model, a Hugging Face tokenizer.json or a tiktoken .tiktoken file"
+        raise RecipeFileError(f"{where}: {p.resolve()} is a folder, not a tokenizer file{hint}.")
+    if not p.is_file():
+        demo = p.name in ("tok.model", "tok_vl.model")  # the demo's tokenizers (zephon/demo.py)
+        fix = (f"run `zephon demo {p.parent}` to build the demo's tokenizers (tok_vl.model needs the vision extra: "
+               "python -m pip install -e '.[vision]')" if demo else
+               "pass the path of a SentencePiece .model, a Hugging Face tokenizer.json or a tiktoken .tiktoken "
+               "file (relative paths resolve against the current folder)")
+        raise RecipeFileError(f"{where}: tokenizer file not found: {p.resolve()} does not exist; {fix}.")
 
 
 __all__ = ["Pipeline", "PipelineError", "SourceDecl", "tokenizer"]

@@ -95,13 +95,18 @@ def _run(pipe: Any, program: Any, world_size: int, steps: int, num_workers: int,
             pool.close()
 
 
+REFERENCE = "W=1 workers=0 inline"  # the configuration every other one is compared with
+
+
 @dataclass
 class VerifyReport:
-    """Outcome of :func:`verify`: one row per configuration, compared to the first."""
+    """Outcome of :func:`verify`: the reference's hashes (:data:`REFERENCE`, steps 0..steps-1) and one row
+    per other configuration, compared with them."""
 
     steps: int
     reference: list[str]
     rows: list[tuple[str, int, bool]] = field(default_factory=list)  # (config, first bad step or -1, ok)
+    reference_name: str = REFERENCE
 
     @property
     def ok(self) -> bool:
@@ -110,7 +115,8 @@ class VerifyReport:
 
 def verify(recipe: Any, world_sizes: Sequence[int], steps: int, resume_at: int | None = None,
            num_workers: Sequence[int] = (0,), runner: str = "thread") -> VerifyReport:
-    """Compare global-batch hashes for every world size (and resumes between them) to world size 1."""
+    """Compare global-batch hashes for every world size, worker count (and resumes between world sizes)
+    with world size 1 inline, the reference: that configuration itself is not compared with itself."""
     recipe = as_pipeline(recipe)
     plan = WorkPlan(recipe)
     reference = global_hashes(recipe, 1, steps, plan=plan)
@@ -122,6 +128,8 @@ def verify(recipe: Any, world_sizes: Sequence[int], steps: int, resume_at: int |
 
     for w in world_sizes:
         for nw in num_workers:
+            if w == 1 and nw == 0:  # the reference itself
+                continue
             record(f"W={w} workers={nw} {runner if nw else 'inline'}",
                    global_hashes(recipe, w, steps, nw, runner, plan=plan))
     if resume_at is not None:
