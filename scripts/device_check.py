@@ -295,7 +295,7 @@ def part_h2d(task: dict[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {"device": str(device), "pinned_available": pin_why is None, "pinned_reason": pin_why}
     all_identical = True
     for kind, recipe in (("text", "recipes/quickstart.toml"), ("vl", "recipes/vl_quickstart.toml")):
-        with zephon.build_loader(str(REPO / recipe), rank=0, world_size=1, num_workers=cfg["workers"]) as loader:
+        with zephon.build_loader(zephon.load_recipe(REPO / recipe), rank=0, world_size=1, num_workers=cfg["workers"]) as loader:
             it = iter(loader)
             # cloned: a loader may reuse a batch's memory for a later batch (reuse_batch_memory)
             batches = [{k: v.clone() for k, v in next(it).items() if isinstance(v, torch.Tensor)}

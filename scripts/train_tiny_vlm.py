@@ -114,7 +114,7 @@ def model_for(pipe: z.Pipeline, batch: dict[str, Any], seed: int = 0) -> TinyVLM
     """A model sized from the pipeline: its tokenizer's vocabulary, its rows, its patches and merge."""
     from zephon.ops.decode_images import DecodeImages
 
-    merge = next(s.merge for s in pipe.steps if isinstance(s, DecodeImages))
+    merge = next(op.merge for op in pipe.ops if isinstance(op, DecodeImages))
     vocab = z.load_tokenizer(pipe.tokenizer).vocab_size
     torch.manual_seed(seed)
     return TinyVLM(vocab, pipe.seq_len, batch["pixel_values"].shape[1], merge)

@@ -452,7 +452,7 @@ def test_tokenizer_by_a_missing_path_is_a_clear_error(tmp_path, monkeypatch):
     """``z.tokenizer(path)`` reads the kind from the file: a missing file is a RecipeFileError (still a
     FileNotFoundError) naming the path and the fix, not a raw traceback from open(); the demo's tokenizers
     say which command builds them."""
-    from zephon.recipe import RecipeFileError
+    from zephon.errors import RecipeFileError
 
     monkeypatch.chdir(tmp_path)
     with pytest.raises(RecipeFileError) as info:

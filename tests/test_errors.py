@@ -102,7 +102,7 @@ def test_state_from_another_recipe(make_recipe, field, value, old):
     with pytest.raises(StateError) as info:
         reader.load_state_dict(state)
     msg = str(info.value)
-    label = {"seed": "seed", "seq_len": "pack.seq_len"}[field]  # where the pipeline's summary holds it
+    label = {"seed": "seed", "seq_len": "(zephon.pack).seq_len"}[field]  # the operator, named, and its parameter
     assert f"{label}: checkpoint has {old}, this pipeline has {value}" in msg
     assert "different pipeline" in msg
     build_loader(make_recipe(), rank=0, world_size=1).load_state_dict(state)  # the right recipe loads it
@@ -337,8 +337,12 @@ def test_source_with_only_empty_records_is_an_error_not_a_loop(recipe_with, tmp_
 
 
 @pytest.mark.timeout(60)
+def _reject(text: str) -> bool:
+    return False
+
+
 def test_filter_that_rejects_everything_is_an_error_not_a_loop(make_recipe):
-    where, exc = first_error(make_recipe(), text_filter=lambda text: False)
+    where, exc = first_error(make_recipe(), text_filter=_reject)
     assert where == "iterate" and isinstance(exc, SourceError), exc
     assert "gave no document" in str(exc) and "filters" in str(exc)
 

@@ -150,7 +150,8 @@ def _array_route(data: bytes, spec_: ImageSpec) -> np.ndarray:
     ``resize`` the array. The Pillow decoder keeps the image in Pillow until the end; this is its reference."""
     from PIL import Image
 
-    from zephon.imaging import _needed, dct_scale, resize
+    from zephon.imaging import dct_scale, resize
+    from zephon.imaging.decode import _needed
 
     with Image.open(io.BytesIO(data)) as im:
         width, height = im.size
@@ -328,7 +329,7 @@ def test_worked_example_of_the_contract(vl_tok, photo):
     ti = TokenizeImages(vl_tok, "caption", image_start="<|vision_start|>", image_pad="<|image_pad|>",
                         image_end="<|vision_end|>", merge=2)
     chunk = chunk_of({"image": [encode(photo.resize((100, 60)))], "caption": ["a red <image> kite"]})
-    out = ti._apply_chunk(dec.apply(chunk))
+    out = ti._apply_chunk(dec._apply_chunk(chunk))
     (imgs,), (grids,) = out.columns["images"], out.columns["image_grid_thw"]
     assert grids == [(1, 2, 4)] and imgs[0].shape == (8, 588) and imgs[0].dtype == np.uint8
     start, pad, end = (tok.token_id(t) for t in ("<|vision_start|>", "<|image_pad|>", "<|vision_end|>"))
@@ -351,7 +352,7 @@ def test_image_token_counts_and_layouts(vl_tok, photo):
         chunk = chunk_of({"image": [[a, b], [a], [a, b], [b"broken", b], [a], [None]],
                           "text": ["x <image> y <image> z", "caption only", "<image> one <image> two <image>",
                                    "bad <image> good <image>", None, ""]})
-        out = ti._apply_chunk(dec.apply(chunk))
+        out = ti._apply_chunk(dec._apply_chunk(chunk))
         assert out.counts["unmatched_placeholders"] == 1 and out.counts["skipped_images"] == 1
         assert out.counts["blank_records"] == 1  # the last record: no text, and no image (None: none there)
         ids, offs = out.token_fields["input_ids"], out.offsets
@@ -367,10 +368,11 @@ def test_image_token_counts_and_layouts(vl_tok, photo):
         n = first.count(pad)
         assert first[:n] == [pad] * n and pad not in first[n:]
     after = TokenizeImages(vl_tok, "text", image_pad=pad, unplaced_images="after")
-    out = after._apply_chunk(DecodeImages("image", max_pixels=84 * 84)._apply_chunk(chunk_of({"image": [a], "text": ["cap"]})))
+    decoded = DecodeImages("image", max_pixels=84 * 84)._apply_chunk(chunk_of({"image": [a], "text": ["cap"]}))
+    out = after._apply_chunk(decoded)
     doc = out.token_fields["input_ids"].tolist()
     assert doc[-2] == pad and doc[0] != pad  # EOS last, the image just before it
-    assert TokenizeImages(vl_tok, "text", image_pad=pad, loss_on_images=True).apply(
+    assert TokenizeImages(vl_tok, "text", image_pad=pad, loss_on_images=True)._apply_chunk(
         DecodeImages("image", max_pixels=84 * 84)._apply_chunk(chunk_of({"image": [a], "text": ["c"]}))
     ).token_fields["loss_mask"].all()
 
@@ -382,7 +384,7 @@ def test_interleaved_documents_keep_their_order(vl_tok, photo):
     dec = DecodeImages("images", max_pixels=56 * 56, merge=2)
     ti = TokenizeImages(vl_tok, "texts", image_start=s, image_pad=p, image_end=e, merge=2)
     chunk = chunk_of({"texts": [["one", None, "two", None]], "images": [[None, a, None, b"broken"]]})
-    out = ti._apply_chunk(dec.apply(chunk))
+    out = ti._apply_chunk(dec._apply_chunk(chunk))
     flat, lengths = tok.encode_plain(["one", "two"])
     one, two = flat[:lengths[0]].tolist(), flat[lengths[0]:].tolist()
     assert out.token_fields["input_ids"].tolist() == one + [s, p, p, p, p, e] + two + [tok.eos_id]

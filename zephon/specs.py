@@ -6,10 +6,11 @@ readers, the operators, the work plan and the TOML front end all build on it.
 from __future__ import annotations
 
 import hashlib
+from pathlib import Path
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from .errors import RecipeError
+from .errors import RecipeError, RecipeFileError
 
 PACK_ALGORITHMS = ("best_fit", "first_fit", "wrap")
 TOKENIZER_KINDS = ("sentencepiece", "tiktoken", "huggingface")
@@ -115,6 +116,30 @@ def file_digest(path: str) -> str:
     return h.hexdigest()[:16]
 
 
+KIND_FILES = {
+    "sentencepiece": "a SentencePiece model (binary protobuf, usually *.model)",
+    "huggingface": "a Hugging Face tokenizer.json (a JSON object with a \"model\")",
+    "tiktoken": "a tiktoken BPE file (lines of `base64-token rank`, usually *.tiktoken)",
+}
+
+
+def tokenizer_file(spec: TokenizerSpec) -> Path:
+    """``tokenizer.path`` if it is a file; else a :class:`RecipeFileError` naming the key and the fix."""
+    path = Path(spec.path)
+    where = f"tokenizer.path = {spec.path} (tokenizer.kind = '{spec.kind}')"
+    what = KIND_FILES.get(spec.kind, "a tokenizer file")
+    if path.is_dir():
+        inside = sorted(q.name for q in path.iterdir()
+                        if q.is_file() and (q.name.endswith((".model", ".tiktoken")) or q.name == "tokenizer.json"))
+        hint = f"; it holds {', '.join(inside[:5])}: point tokenizer.path at one of them" if inside else \
+            f"; point tokenizer.path at {what}"
+        raise RecipeFileError(f"{where} is a directory, not a tokenizer file{hint}.")
+    if not path.is_file():
+        raise RecipeFileError(f"tokenizer file not found: {where} does not exist. Fix tokenizer.path in the recipe "
+                              f"(relative paths resolve against the recipe's folder).")
+    return path
+
+
 def tokenizer_description(spec: TokenizerSpec) -> dict[str, Any]:
     """What decides a tokenizer's ids: its kind, file digest and framing options (fingerprinted).
 
@@ -125,7 +150,7 @@ def tokenizer_description(spec: TokenizerSpec) -> dict[str, Any]:
         Plain data for the fingerprint. A tiktoken file's split regex and special tokens are ``pat_str`` and
         ``special_tokens`` when given; when not, they are tiktoken's own for the file, decided by its digest.
     """
-    d = {"kind": spec.kind, "sha256": file_digest(spec.path), "add_eos": spec.add_eos, "add_bos": spec.add_bos,
+    d = {"kind": spec.kind, "sha256": file_digest(str(tokenizer_file(spec))), "add_eos": spec.add_eos, "add_bos": spec.add_bos,
          "eos_token": spec.eos_token, "bos_token": spec.bos_token, "pad_id": spec.pad_id, "pat_str": spec.pat_str}
     if spec.kind == "tiktoken":
         d["special_tokens"] = dict(spec.special_tokens) if spec.special_tokens is not None else None

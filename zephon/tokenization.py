@@ -30,17 +30,11 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from .errors import RecipeError, RecipeFileError
-from .specs import TokenizerSpec, validate_special_tokens
+from .errors import RecipeError
+from .specs import KIND_FILES, TokenizerSpec, tokenizer_file, validate_special_tokens
 
 _EOS_NAMES = ("</s>", "<|endoftext|>", "<eos>", "<|end_of_text|>", "[SEP]")
 _BOS_NAMES = ("<s>", "<|begin_of_text|>", "<bos>", "[CLS]")
-# What each kind's file is, for the messages.
-KIND_FILES = {
-    "sentencepiece": "a SentencePiece model (binary protobuf, usually *.model)",
-    "huggingface": "a Hugging Face tokenizer.json (a JSON object with a \"model\")",
-    "tiktoken": "a tiktoken BPE file (lines of `base64-token rank`, usually *.tiktoken)",
-}
 _TIKTOKEN_LINE = re.compile(rb"[A-Za-z0-9+/]+={0,2} [0-9]+\r?")
 _SNIFF_BYTES = 4096
 
@@ -75,15 +69,7 @@ def _check_file(spec: TokenizerSpec) -> tuple[Path, str | None]:
     if kind not in KIND_FILES:  # a TokenizerSpec built by hand (a recipe's is validated already)
         raise RecipeError(f"tokenizer.kind '{kind}' is not one of {', '.join(KIND_FILES)}.")
     where = f"tokenizer.path = {spec.path} (tokenizer.kind = '{kind}')"
-    if path.is_dir():
-        inside = sorted(q.name for q in path.iterdir()
-                        if q.is_file() and (q.name.endswith((".model", ".tiktoken")) or q.name == "tokenizer.json"))
-        hint = f"; it holds {', '.join(inside[:5])}: point tokenizer.path at one of them" if inside else \
-            f"; point tokenizer.path at {KIND_FILES[kind]}"
-        raise RecipeFileError(f"{where} is a directory, not a tokenizer file{hint}.")
-    if not path.is_file():
-        raise RecipeFileError(f"tokenizer file not found: {where} does not exist. Fix tokenizer.path in the recipe "
-                              f"(relative paths resolve against the recipe's folder).")
+    tokenizer_file(spec)
     try:
         looks = sniff_tokenizer_kind(path)
     except OSError as exc:

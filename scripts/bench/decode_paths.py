@@ -5,7 +5,7 @@
 decoder, for the two targets of BENCHMARKS.md 8b and 8d: ``fit`` within 448 x 448 on the 28-pixel grid
 and a 224 x 224 centre ``crop``. ``peers`` is the code every peer of ``vl_fetch_batch.py`` and
 ``vl_pipeline.py`` runs (``vl_common.decode_resize``: simplejpeg for JPEG, Pillow for the rest).
-``--compare-src DIR`` also times ``DIR/zephon/imaging.py`` (another checkout, e.g. from ``git archive``)
+``--compare-src DIR`` also times ``DIR``'s ``zephon.imaging`` (another checkout, e.g. from ``git archive``)
 in the same process, interleaved pass by pass, and checks that it gives the same pixels.
 
 CPU seconds of the thread (``time.thread_time``) over ``--images`` images taken evenly from the corpus;
@@ -40,10 +40,21 @@ TARGETS = {"fit": {"max_pixels": 448 * 448, "merge": 2}, "crop": {"mode": "crop"
 
 
 def load_imaging(src: Path) -> ModuleType:
-    """``src/zephon/imaging.py`` as a module of its own (it imports nothing from the rest of Zephon)."""
-    spec = importlib.util.spec_from_file_location("imaging_compared", src / "zephon" / "imaging.py")
+    """Another checkout's ``zephon.imaging`` as a module of its own, named ``imaging_compared``.
+
+    Older checkouts have one file, ``zephon/imaging.py``; newer ones a package, ``zephon/imaging/``, whose
+    modules import one another relatively and nothing else from Zephon, so either loads on its own.
+    """
+    root = src / "zephon" / "imaging"
+    if (root / "__init__.py").is_file():
+        spec = importlib.util.spec_from_file_location("imaging_compared", root / "__init__.py",
+                                                      submodule_search_locations=[str(root)])
+    else:
+        spec = importlib.util.spec_from_file_location("imaging_compared", src / "zephon" / "imaging.py")
+    if spec is None or spec.loader is None:
+        raise SystemExit(f"--compare-src {src}: no zephon/imaging package or zephon/imaging.py there")
     mod = importlib.util.module_from_spec(spec)
-    sys.modules["imaging_compared"] = mod  # dataclasses look their module up
+    sys.modules["imaging_compared"] = mod  # dataclasses and relative imports look their module up
     spec.loader.exec_module(mod)
     return mod
 
@@ -66,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--data", default="bench_data/vl")
     ap.add_argument("--images", type=int, default=600)
     ap.add_argument("--passes", type=int, default=5)
-    ap.add_argument("--compare-src", default="", help="a checkout whose zephon/imaging.py to time beside this one")
+    ap.add_argument("--compare-src", default="", help="a checkout whose zephon.imaging to time beside this one")
     ap.add_argument("--json", default="")
     args = ap.parse_args(argv)
 

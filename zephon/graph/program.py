@@ -91,7 +91,7 @@ class _Graph:
 def _graph(pipe: Any, end: int) -> _Graph:
     ops = pipe.ops
     names = [s.name for s in pipe.sources]
-    m = next((i for i, op in enumerate(ops) if isinstance(op, Mix) or op.stateful), len(ops))
+    m = next((i for i, op in enumerate(ops[:end]) if isinstance(op, Mix) or op.stateful), end)
     before, after = list(ops[:m]), list(ops[m:end])
     mix = after.pop(0) if after and isinstance(after[0], Mix) else None
     if any(isinstance(op, Mix) for op in after):

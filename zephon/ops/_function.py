@@ -38,7 +38,8 @@ class FunctionTransform(Transform):
         if name is None:
             self.name = f"{self.op}:{getattr(fn, '__name__', type(fn).__name__)}"
         self.fn, self.version, self.on_error = fn, version, choice(on_error, ON_ERROR, f"{self.op}(on_error)")
-        self.token_fields = dict(token_fields or {})
+        if token_fields:  # per-token fields it adds (map only): a parameter then
+            self.token_fields = dict(token_fields)
 
 
     def _failed(self, exc: BaseException, where: str) -> OperatorError:

@@ -75,9 +75,9 @@ class MegatronBatches:
         self.resume_iteration = int(resume_iteration)
         self._micro = 0
         self._batch: dict[str, torch.Tensor] | None = None
-        self._seq_len = int(loader.recipe.seq_len)
+        self._seq_len = int(loader.pipeline.seq_len)
         self._causal = torch.ones(self._seq_len, self._seq_len, dtype=torch.bool).tril_()
-        found = image_layout(loader.recipe)
+        found = image_layout(loader.pipeline)
         if found is not None:
             check_image_batches(*found, reset_position_ids)
 
@@ -211,10 +211,10 @@ def image_layout(recipe: Any) -> tuple[str, str] | None:
     ``batch(pixels=, positions=)``), None for a text pipeline with 1-D positions."""
     from zephon.recipe import as_pipeline
 
-    steps = as_pipeline(recipe).steps
-    batch = next((s for s in steps if getattr(s, "kind", None) == "batch"), None)
+    ops = as_pipeline(recipe).ops
+    batch = next((op for op in ops if op.op == "batch"), None)
     pixels, positions = (batch.pixels, batch.positions) if batch is not None else ("flat", "1d")
-    if any(getattr(s, "kind", None) in ("decode_images", "tokenize_images") for s in steps):
+    if any(op.op in ("decode_images", "tokenize_images") for op in ops):
         return pixels, positions
     return ("flat", positions) if positions == "mrope" else None
 

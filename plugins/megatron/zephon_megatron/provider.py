@@ -194,7 +194,7 @@ def _reads_whole(recipe: Any, option: str) -> bool:
             f"{option}: the sources {repeating} repeat while {sorted(set(passes) - set(repeating))} stop, so the "
             f"validation data never ends and an evaluation cannot cover it once. Give every [[sources]] of the "
             f"validation recipe `passes = 1`.")
-    batch = next((s for s in pipe.steps if s.kind == "batch"), None)
+    batch = next((op for op in pipe.ops if op.op == "batch"), None)
     if batch is not None and batch.partial != "pad":
         raise ZephonMegatronError(
             f"{option}: partial_batch = \"{batch.partial}\" drops the validation set's last, partial global "

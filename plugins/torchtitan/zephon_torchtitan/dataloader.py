@@ -108,7 +108,7 @@ def end_policy(recipe: Any) -> tuple[bool, str]:
     from zephon.recipe import as_pipeline
 
     pipe = as_pipeline(recipe)
-    batch = next((s for s in pipe.steps if s.kind == "batch"), None)
+    batch = next((op for op in pipe.ops if op.op == "batch"), None)
     ends = bool(pipe.sources) and all(s.passes is not None for s in pipe.sources)
     return ends, getattr(batch, "partial", "drop")
 
