@@ -1,7 +1,7 @@
-"""The READMEs' Python snippets run as written.
+"""The documentation's Python snippets run as written.
 
-Every ```python block of README.md, of the plugins' READMEs and of the guides (docs/guides) runs in a fresh
-interpreter, from the root of a temporary folder holding a copy of ``recipes/`` after ``zephon demo recipes``
+Every ```python block of README.md, of the plugins' READMEs and of every page of the documentation site
+(docs/**/*.md) runs in a fresh interpreter, from the root of a temporary folder holding a copy of ``recipes/`` after ``zephon demo recipes``
 (on a slice of the standard library, for time), as a reader who follows "Two commands" would run it. A
 snippet that uses a name it never defines, or an API that has changed, fails here. A block that cannot run on
 a CPU machine says why in an HTML comment on the line before it, ``<!-- not-run: needs a Megatron-LM
@@ -25,7 +25,8 @@ import pytest
 from tests.optional import require
 
 REPO = Path(__file__).resolve().parents[1]
-DOCS = ("README.md", "plugins/torchtitan/README.md", "plugins/megatron/README.md", "docs/guides/chat.md")
+DOCS = ("README.md", "plugins/torchtitan/README.md", "plugins/megatron/README.md",
+        *sorted(str(p.relative_to(REPO)) for p in (REPO / "docs").rglob("*.md") if "_ext" not in p.parts))
 NOT_RUN = re.compile(r"^<!--\s*not-run:\s*(?P<why>\S.*?)\s*-->$")
 
 
@@ -85,10 +86,13 @@ def _env() -> dict[str, str]:
 
 
 def test_the_readme_has_runnable_python_blocks():
-    """Guards the parser: README.md's usage example is found, and nothing in README.md is exempted."""
+    """Guards the parser: README.md's example (two ranks, a checkpoint, a resume on four) and the docs pages'
+    blocks are found, and nothing in README.md is exempted."""
     readme = [b for b in ALL_BLOCKS if b.doc == "README.md"]
     assert readme and all(b.not_run is None for b in readme)
-    assert any("zephon.build_loader" in b.code for b in readme)
+    assert any("merge_states" in b.code and "global_digest" in b.code for b in readme)
+    pages = {b.doc for b in ALL_BLOCKS if b.doc.startswith("docs/")}
+    assert {"docs/getting-started.md", "docs/guides/pipelines.md", "docs/guides/chat.md"} <= pages, pages
 
 
 def test_the_parser_reads_fences_and_markers(tmp_path):
