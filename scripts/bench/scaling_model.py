@@ -18,20 +18,23 @@ after a warm-up, and the wall-clock rate over that window:
   steps_ahead  the thread that runs the lanes and the collation ahead of the trainer (pipelines that pack
                images, with workers: VL pipeline)
   workers      the worker threads (thread runner) split into *released* CPU (time inside the calls that let
-               go of the GIL: the tokenizer's batch call ``encode_batch_fast``, pyarrow's ``read_row_group``,
-               the shard reader's ``pread``, simplejpeg's ``decode_jpeg``, Pillow's ``load``/``convert``/
-               ``resize``, each timed with ``time.thread_time`` by a wrapper installed at run time) and
-               *held* CPU (the rest of the thread's CPU: Python reading, framing, per-record work); with the
-               pool runner, the worker processes' CPU (psutil), whose GIL is their own
+               go of the GIL, each timed with ``time.thread_time`` by a wrapper installed at run time: the
+               tokenizer's batch call ``encode_batch_fast``, pyarrow's ``read_row_group``, the shard reader's
+               ``pread``, simplejpeg's ``decode_jpeg``, Pillow's ``load``/``convert``/``resize``/``fromarray``,
+               ``patchify``'s copy) and *held* CPU (the rest of the thread's CPU: Python reading, framing,
+               per-record work, Pillow-to-numpy copies); with the pool runner, the worker processes' CPU
+               (psutil), whose GIL is their own
   other        any other thread of the process (the pool's result-handling thread, which unpickles results)
 
-The collation's pixel copy (``collate_images._flat``, one ``np.concatenate`` of every patch) is counted as
-released too (numpy copies without the GIL). Per pipeline, three runs of the thread runner (a calibration
+The collation's pixel copy (``collate_images._flat``: one ``np.concatenate``) and the transfer's read of a
+worker's arrays (``os.preadv`` in ``transfer.receive``) count as released too. ``--gil-check`` shows which
+of these calls let go of the GIL (a thread spinning Python beside each; ``np.asarray`` of a Pillow image
+holds it, so it is left in the held part). Per pipeline, three runs of the thread runner (a calibration
 run at 1 worker, whose costs feed the model, then 1 and 2 workers to check the model against), and the
 same three with the pool runner for the pipelines where it differs (VL fetch's source has no transform,
 so its pool reads on threads: the thread runner's run). The calibration run also times the trainer's
-parts (loader ``next()``, the lanes' step, the collation, the transfer from worker processes) and
-profiles the trainer's thread (cProfile with a CPU-time clock) for a short extra window.
+parts (loader ``next()``, the lanes' step, the collation, the transfer from worker processes) and, for an
+extra window, samples the trainer's thread on its own CPU clock to split the lanes' step further.
 
 The model (assumptions; see also BENCHMARKS.md, "Scaling model"): a rank's throughput with W workers and C
 cores is the least of these bounds (units/s), each a resource that cannot do more than one second of
@@ -44,12 +47,15 @@ work per second:
                    processes' CPU per unit, each with its own GIL); GIL of the trainer's process: 1 / (T + Ah
                    + O) (the transfer of each result, ``receive`` and unpickling, is in T, A and O);
                    cores: C / (T + A + O + P)
+  (a read-only stage of the pool runner stays on threads: their Wh and Wr join the GIL, workers and cores)
 
 T, A, Wh, Wr, O, P: CPU seconds per unit from the calibration run; Ah the held part of A. CPU per unit is
 taken as constant in W (no contention, no GIL hand-over cost, no memory-bandwidth limit, no waits for the
 burstiness of a packing lane), the tokenizer on one core per call (RAYON_NUM_THREADS=1, which Zephon
 also sets when workers >= cores), and the I/O from the page cache. A pipeline saturates at the W where
-the worker bound meets the least of the others; what it meets is what saturates it.
+the worker bound meets the least of the others; what it meets is what saturates it. The check against
+the 1- and 2-worker runs predicts at this machine's cores and at the cores other tenants left during the
+run (its cores less the CPU that other processes and the hypervisor took, from psutil.cpu_times).
 
     python scripts/bench/scaling_model.py --data bench_data --vl-data bench_data/vl \\
         --out results/scaling_model.json --png docs/scaling_model.png
@@ -573,7 +579,8 @@ ASSUMPTIONS = [
     "contention, GIL hand-overs, caches or memory bandwidth as workers are added.",
     "Thread runner: every GIL-held second of the process (trainer, steps-ahead thread's held part, workers' held "
     "parts, other threads) is serial; released time (tokenizer batch calls, pyarrow reads, pread, JPEG/Pillow "
-    "decode and resize, the pixel collation copy) runs in parallel on any free core.",
+    "decode, resize and fromarray, patchify's copy, the pixel collation copy, the transfer's preadv) runs in "
+    "parallel on any free core.",
     "Pool runner: each worker process has its own GIL, so the workers' held parts run in parallel; each result "
     "costs the trainer's process its transfer (receive, unpickling on the result thread), which is in the "
     "trainer's, steps-ahead and other threads' measured CPU.",
