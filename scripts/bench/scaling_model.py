@@ -708,7 +708,7 @@ def plot(doc: dict[str, Any], png: Path) -> None:
     import matplotlib.pyplot as plt
 
     names = list(doc["model"])
-    fig, axes = plt.subplots(1, len(names), figsize=(5.2 * len(names), 4.4), squeeze=False)
+    fig, axes = plt.subplots(1, len(names), figsize=(5.4 * len(names), 6.2), squeeze=False)
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     for ax, name in zip(axes[0], names):
         m, spec = doc["model"][name], PIPELINES[name]
@@ -720,7 +720,9 @@ def plot(doc: dict[str, Any], png: Path) -> None:
         for ch in m["check"]:
             ax.plot([ch["workers"]], [ch["measured"]], "o" if ch["runner"] == "thread" else "s", color="black",
                     mfc="none" if ch["runner"] == "pool" else "black", ms=6,
-                    label=f"measured, {ch['runner']} ({ch['cores']:g} cores)")
+                    label=f"measured here, {ch['runner']} (shared {ch['cores']:g}-core VM)")
+            ax.plot([ch["workers"]], [ch["predicted_available"]], "x", color="gray", ms=7,
+                    label="model at the cores other tenants left")
         for runner, per_c in m["projection"].items():  # what binds each runner's plateau at the most cores
             c, per_w = list(per_c.items())[-1]
             last = list(per_w.values())[-1]
@@ -731,11 +733,12 @@ def plot(doc: dict[str, Any], png: Path) -> None:
         ax.set_xticks(list(WORKERS), [str(w) for w in WORKERS])
         ax.set_xlabel("workers per rank")
         ax.set_ylabel(spec["rate"])
-        ax.set_title(name)
+        same = all(len({json.dumps(per_c[c]) for c in per_c}) == 1 for per_c in m["projection"].values())
+        ax.set_title(name + (" (the same at every core count)" if same else ""))
         ax.grid(alpha=0.3)
         handles, labels = ax.get_legend_handles_labels()
         seen = dict(zip(labels, handles))
-        ax.legend(seen.values(), seen.keys(), fontsize=7, loc="best")
+        ax.legend(seen.values(), seen.keys(), fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.13), ncol=2)
     fig.suptitle("Zephon per-rank throughput: model (lines) from measured CPU per unit, and measured points", fontsize=10)
     fig.tight_layout()
     png.parent.mkdir(parents=True, exist_ok=True)
