@@ -256,10 +256,10 @@ def window_cpu(a: dict, b: dict, rel_a: dict, rel_b: dict, parts_a: dict, parts_
         k = kinds[kind]
         k["total"] += cpu1 - cpu0
         k["threads"] += 1
-        for src, into in ((rel_b, "released_calls"), (parts_b, "parts")):
-            before = (rel_a if src is rel_b else parts_a).get(ident, {})
-            for label, v in src.get(ident, {}).items():
-                k[into][label] = k[into].get(label, 0.0) + v - before.get(label, 0.0)
+        for before, after, into in ((rel_a, rel_b, "released_calls"), (parts_a, parts_b, "parts")):
+            was = before.get(ident, {})
+            for label, v in after.get(ident, {}).items():
+                k[into][label] = k[into].get(label, 0.0) + v - was.get(label, 0.0)
     for k in kinds.values():
         k["released"] = sum(k["released_calls"].values())
         k["held"] = k["total"] - k["released"]
