@@ -336,11 +336,11 @@ def test_source_with_only_empty_records_is_an_error_not_a_loop(recipe_with, tmp_
     assert "source 'blank' has no text: all 360 records" in str(exc) and "text_field" in str(exc)
 
 
-@pytest.mark.timeout(60)
 def _reject(text: str) -> bool:
     return False
 
 
+@pytest.mark.timeout(60)
 def test_filter_that_rejects_everything_is_an_error_not_a_loop(make_recipe):
     where, exc = first_error(make_recipe(), text_filter=_reject)
     assert where == "iterate" and isinstance(exc, SourceError), exc
