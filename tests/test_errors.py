@@ -20,7 +20,9 @@ import pyarrow.parquet as pq
 import pytest
 import zstandard
 
+import zephon as z
 from zephon import RecipeError, SourceError, StateError, build_loader, load_recipe, merge_states, recipe_from_dict
+from zephon.errors import OperatorError
 from zephon.state import seal
 
 from .conftest import base_recipe_dict
@@ -392,3 +394,66 @@ def test_malformed_lane_state_names_the_lane_and_the_shape(make_recipe):
         build_loader(make_recipe(), rank=0, world_size=1).load_state_dict(seal(state))
     msg = str(info.value)
     assert "lane 3" in msg and "'carry'" in msg and "rows_since_flush, carry" in msg
+
+
+# -- messages name sources by their name ------------------------------------------------------------
+
+def _explode(columns: dict) -> dict:
+    raise RuntimeError("boom")
+
+
+def test_a_failing_map_batch_names_the_source(sp_model, corpus_texts):
+    tok = z.tokenizer(str(sp_model))
+    pipe = (z.Pipeline(seed=1, lanes=2)
+            .source("notes", z.read.records([{"text": t} for t in corpus_texts[:20]]))
+            .source("web", z.read.records([{"text": t} for t in corpus_texts[20:40]]))
+            .map_batch(_explode, sources=["web"]).tokenize(tok).pack(seq_len=64).batch())
+    with pytest.raises(OperatorError) as info:
+        for _ in pipe.build(rank=0, world_size=1):
+            pass
+    msg = str(info.value)
+    assert "the chunk of source 'web' at " in msg and "RuntimeError: boom" in msg and "on_error='skip'" in msg
+    assert "source 1" not in msg
+
+
+def test_a_bad_image_names_the_source(sp_model, corpus_texts):
+    pytest.importorskip("PIL")
+    records = [{"image": b"not an image at all", "text": t} for t in corpus_texts[:8]]
+    pipe = (z.Pipeline(seed=1, lanes=1)
+            .source("pics", z.read.records(records, columns=["image", "text"]))
+            .decode_images("image", max_pixels=56 * 56, on_bad_image="raise")
+            .tokenize(z.tokenizer(str(sp_model))).pack(seq_len=64).batch(pixels="lists"))
+    with pytest.raises(SourceError) as info:
+        next(pipe.build(rank=0, world_size=1))
+    msg = str(info.value)
+    assert "operator 'decode_images': source 'pics': " in msg and "field 'image': bad image" in msg, msg
+    assert "on_bad_image='skip'" in msg and "source 0" not in msg
+
+
+CHAT_TEMPLATE = ("{% for m in messages %}<|{{ m.role }}|>{% if m.role == 'assistant' %}{% generation %}"
+                 "{{ m.content }}{% endgeneration %}{% else %}{{ m.content }}{% endif %}\n{% endfor %}")
+
+
+def test_a_bad_conversation_in_the_lane_names_its_source(sp_model, tmp_path):
+    good = [{"messages": [{"role": "user", "content": f"Question {k}?"},
+                          {"role": "assistant", "content": f"Answer {k}."}]} for k in range(8)]
+    write_jsonl(tmp_path / "chat.jsonl", good + [{"messages": "hello"}] + good)
+    pipe = (z.Pipeline(seed=1, lanes=1)
+            .source("chat", z.read.jsonl(str(tmp_path / "chat.jsonl"), columns=["messages"]))
+            .mix(by="documents")  # tokenize_chat after the merge: it runs in the lane, a record at a time
+            .tokenize_chat(z.tokenizer(str(sp_model)), CHAT_TEMPLATE).pack(seq_len=64).batch())
+    with pytest.raises(SourceError) as info:
+        for _ in pipe.build(rank=0, world_size=1):
+            pass
+    msg = str(info.value)
+    assert "a record of source 'chat' in the lane" in msg and "must be a list of {role, content}" in msg, msg
+    assert "on_error='skip'" in msg
+
+
+def test_a_bad_stage_state_names_the_source(make_recipe):
+    nodes = make_recipe().to_pipeline().lane_nodes(0)
+    try:
+        with pytest.raises(StateError, match=r"source 'code', stage 0: a stage buffer's state is \{'source'"):
+            nodes.stages[1][0].reset({"upstream": 3})
+    finally:
+        nodes.close()

@@ -186,6 +186,7 @@ class Chunk:
     counts: dict[str, int] = field(default_factory=dict)  # named counters of the stateless work
     coord: str = "record"  # what a cursor counts in this source ("row", "byte", "line"), for messages
     skip_pending: int = 0  # records a resumed lane already delivered: dropped after the last stage
+    source_name: str = ""  # the source's name (``source`` is its index), for messages
 
     @property
     def n(self) -> int:

@@ -119,7 +119,7 @@ def lane_nodes(program: LaneProgram, lane: int, executor_for: Callable[[int, int
         sources.append(node)
         buffers = []
         for k in range(program.stages.n_stages(s)):
-            node = StageBuffer(node, executor_for(s, k), s, k, depth)
+            node = StageBuffer(node, executor_for(s, k), s, k, depth, name)
             buffers.append(node)
         stages.append(buffers)
         streams.append(SourceStream(s, name, node, len(buffers), policy,

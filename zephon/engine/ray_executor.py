@@ -464,7 +464,8 @@ class RayExecutor:
                 self._send(handle, handle.in_bytes + self._estimate.get(handle.key, self.opts.first_guess_bytes))
         ray = require_ray()
         try:
-            value = self.link.wait(handle.ref, f"a Ray task (source {handle.key[0]}, stage {handle.key[1]})",
+            name = self.program.names[handle.key[0]]
+            value = self.link.wait(handle.ref, f"a Ray task (source '{name}', stage {handle.key[1]})",
                                    self.opts.task_timeout_s)
         except ray.exceptions.TaskCancelledError:  # only close() cancels: it ran on another thread meanwhile
             raise RuntimeError("the Ray executor was closed while a task of it was awaited") from None

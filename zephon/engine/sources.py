@@ -149,10 +149,11 @@ class StageBuffer(BaseNode[Chunk]):
     SOURCE_KEY = "source"
 
     def __init__(self, upstream: BaseNode, executor: Executor, source: int, stage: int,
-                 depth: "int | ReadAhead") -> None:
+                 depth: "int | ReadAhead", name: str | None = None) -> None:
         super().__init__()
         self.upstream, self.executor = upstream, executor
         self.source, self.stage = source, stage
+        self.name = name if name is not None else str(source)  # the source's name, for messages
         self.read_ahead = ReadAhead.of(depth)
         self._pending: deque = deque()  # task handles in flight, in submission order
         self._after: deque = deque()  # the upstream's state after each of their items
@@ -168,7 +169,7 @@ class StageBuffer(BaseNode[Chunk]):
             self.upstream.reset(None)
         else:
             if not isinstance(initial_state, Mapping) or self.SOURCE_KEY not in initial_state:
-                raise StateError(f"source {self.source}, stage {self.stage}: a stage buffer's state is "
+                raise StateError(f"source '{self.name}', stage {self.stage}: a stage buffer's state is "
                                  f"{{'source': <its upstream's state>}}, got {initial_state!r:.80}")
             self.upstream.reset(initial_state[self.SOURCE_KEY])
         self._state = self.upstream.state_dict()

@@ -145,13 +145,14 @@ class StageProgram:
         empty = np.zeros(0, dtype=np.int64)
         if task.empty:
             return Chunk(source, task.unit_seq, True, task.start, task.end, task.path, {}, empty, empty,
-                         skip_pending=task.skip)
+                         skip_pending=task.skip, source_name=self.names[source])
         raw: RawChunk = self.reader(source).read(task.path, task.start, task.end)
         n = len(raw.next_cursors)
         columns = raw_columns(raw, self.reader(source))
         return Chunk(source, task.unit_seq, task.unit_end, task.start, raw.end_cursor, task.path, columns,
                      np.asarray(raw.next_cursors, dtype=np.int64), np.zeros(n, dtype=np.int64), raw_records=n,
-                     coord=self._coords[source](task.path), skip_pending=task.skip)
+                     coord=self._coords[source](task.path), skip_pending=task.skip,
+                     source_name=self.names[source])
 
 
 def raw_columns(raw: RawChunk, reader: Any) -> dict[str, Any]:

@@ -157,7 +157,8 @@ class DecodeImages(Transform):
 
     def _bad(self, chunk: Chunk, j: int, exc: BadImage) -> None:
         if self.on_bad_image == "raise":
-            raise SourceError(f"operator '{self.name}': source {chunk.source}: {chunk.where(j)}: field '{self.field}': "
+            raise SourceError(f"operator '{self.name}': source '{chunk.source_name}': {chunk.where(j)}: "
+                              f"field '{self.field}': "
                               f"bad image ({exc.reason}: {exc.detail}). Fix or remove it, or pass "
                               f"on_bad_image='skip' (keep the record's text) or 'drop_record' to skip and count such "
                               f"images.")
@@ -167,7 +168,8 @@ class DecodeImages(Transform):
     # -- a chunk -----------------------------------------------------------------------------------------
     def _apply_chunk(self, chunk: Chunk) -> Chunk:
         if self.field not in chunk.columns:
-            raise SourceError(f"operator '{self.name}': records of {chunk.path} have no field '{self.field}' "
+            raise SourceError(f"operator '{self.name}': records of source '{chunk.source_name}' ({chunk.path}) "
+                              f"have no field '{self.field}' "
                               f"(fields: {', '.join(chunk.columns) or 'none'}). Set decode_images(field=...) to the "
                               f"field that holds the images, or read that column from the source.")
         values = chunk.columns[self.field]

@@ -24,7 +24,7 @@ class MapBatch(FunctionTransform):
         try:
             new = self.fn(columns)
         except Exception as exc:  # noqa: BLE001
-            raise self._failed(exc, f"the chunk of source {chunk.source} at {chunk.where(0)} "
+            raise self._failed(exc, f"the chunk of source '{chunk.source_name}' at {chunk.where(0)} "
                                     f"({chunk.n} records)") from exc
         if not isinstance(new, Mapping):
             raise self._failed(TypeError(f"map_batch must return a dict of columns, got {type(new).__name__}"),

@@ -92,11 +92,13 @@ class Tokenize(Transform):
     # -- chunks ----------------------------------------------------------------------------------------
     def _apply_chunk(self, chunk: Chunk) -> Chunk:
         if INPUT_IDS in chunk.token_fields:
-            raise SourceError(f"operator '{self.name}': the records of source {chunk.source} are already tokenized "
+            raise SourceError(f"operator '{self.name}': the records of source '{chunk.source_name}' are already "
+                              f"tokenized "
                               f"({chunk.path}); tokenize each source once (use sources=[...] to pick them).")
         column = chunk.columns.get(self.field)
         if column is None and self.field not in chunk.columns:
-            raise SourceError(f"operator '{self.name}': records of {chunk.path} have no field '{self.field}' "
+            raise SourceError(f"operator '{self.name}': records of source '{chunk.source_name}' ({chunk.path}) "
+                              f"have no field '{self.field}' "
                               f"(fields: {', '.join(chunk.columns) or 'none'}). Set tokenize(field=...) to the "
                               f"field that holds the text, or read that column from the source.")
         if isinstance(column, TokenColumn):

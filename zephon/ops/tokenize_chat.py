@@ -48,7 +48,7 @@ import numpy as np
 from ..errors import PipelineError, RecipeFileError, SourceError
 from ..records import INPUT_IDS, LOSS_MASK, Chunk, Doc, doc_source
 from ..specs import TokenizerSpec
-from .base import Transform, choice
+from .base import BindContext, Transform, choice
 from .tokenize import shared_tokenizer
 
 LOSS_ON = ("assistant", "last_assistant", "all")
@@ -281,6 +281,9 @@ class TokenizeChat(Transform):
     def __getstate__(self) -> dict:
         return {**self.__dict__, "_tok": None, "_template": None}
 
+    def bind(self, ctx: BindContext) -> TokenizeChat:
+        return self._bound(_source_names=ctx.sources)  # to name a lane record's source in messages
+
     def setup(self) -> None:
         if self._tok is None:
             tok = shared_tokenizer(self.tokenizer)
@@ -434,6 +437,11 @@ class TokenizeChat(Transform):
         mask[:-1] = target[1:]  # the label at i is token i+1
         return ids.astype(np.int32), mask
 
+    def _source_of(self, rec: Any) -> str:
+        """``'web'``: the name of the source a lane record came from (its index if the name is unknown)."""
+        s, names = doc_source(rec), getattr(self, "_source_names", ())
+        return f"'{names[s]}'" if 0 <= s < len(names) else str(s)
+
     def _refused(self, exc: ConversationError, where: str) -> SourceError:
         return SourceError(f"operator '{self.name}': {where}: {exc}. Fix the record, or pass "
                            f"tokenize_chat(on_error='skip') to skip and count such records ({SKIP_REASON}).")
@@ -443,7 +451,8 @@ class TokenizeChat(Transform):
         self.setup()
         conversations = chunk.columns.get(self.field)
         if conversations is None:
-            raise SourceError(f"operator '{self.name}': records of {chunk.path} have no field '{self.field}' "
+            raise SourceError(f"operator '{self.name}': records of source '{chunk.source_name}' ({chunk.path}) "
+                              f"have no field '{self.field}' "
                               f"(fields: {', '.join(chunk.columns) or 'none'}). Read the messages column, or set "
                               f"tokenize_chat(field=...).")
         extra = {key: chunk.columns[key] for key in ("tools", "documents") if key in chunk.columns}
@@ -487,7 +496,7 @@ class TokenizeChat(Transform):
             except ConversationError as exc:
                 if self.on_error == "skip":
                     continue
-                raise self._refused(exc, f"a record of source {doc_source(rec)} in the lane") from exc
+                raise self._refused(exc, f"a record of source {self._source_of(rec)} in the lane") from exc
             if len(a):
                 consumed = (self.field, "tools", "documents")
                 doc = Doc({k: v for k, v in rec.items() if k not in consumed}, getattr(rec, "tail", -100),

@@ -164,13 +164,16 @@ class TokenizeImages(Transform):
     # -- a chunk -----------------------------------------------------------------------------------------
     def _apply_chunk(self, chunk: Chunk) -> Chunk:
         if INPUT_IDS in chunk.token_fields:
-            raise SourceError(f"operator '{self.name}': the records of source {chunk.source} are already tokenized "
+            raise SourceError(f"operator '{self.name}': the records of source '{chunk.source_name}' are already "
+                              f"tokenized "
                               f"({chunk.path}); tokenize each source once (use sources=[...] to pick them).")
         if IMAGES not in chunk.columns or IMAGE_GRID not in chunk.columns:
-            raise SourceError(f"operator '{self.name}': records of {chunk.path} have no '{IMAGES}' and "
+            raise SourceError(f"operator '{self.name}': records of source '{chunk.source_name}' ({chunk.path}) "
+                              f"have no '{IMAGES}' and "
                               f"'{IMAGE_GRID}' fields: put .decode_images(...) before .tokenize_images(...).")
         if self.field not in chunk.columns:
-            raise SourceError(f"operator '{self.name}': records of {chunk.path} have no field '{self.field}' "
+            raise SourceError(f"operator '{self.name}': records of source '{chunk.source_name}' ({chunk.path}) "
+                              f"have no field '{self.field}' "
                               f"(fields: {', '.join(chunk.columns) or 'none'}). Set tokenize_images(field=...) to the "
                               f"field that holds the caption or the interleaved texts.")
         texts = chunk.columns[self.field]
