@@ -22,7 +22,7 @@ import zstandard
 
 import zephon as z
 from zephon import RecipeError, SourceError, StateError, build_loader, load_recipe, merge_states, recipe_from_dict
-from zephon.errors import OperatorError
+from zephon.errors import OperatorError, PipelineError
 from zephon.state import seal
 
 from .conftest import base_recipe_dict
@@ -196,12 +196,26 @@ def test_recipe_file_errors_name_the_file(tmp_path, sp_model):
 
 # -- Parquet ---------------------------------------------------------------------------------------
 
-@pytest.mark.timeout(120)
-@pytest.mark.parametrize("num_workers,runner", [(0, "thread"), (2, "thread"), (2, "pool"), (2, "process")])
-def test_parquet_without_the_text_column(recipe_with, tmp_path, corpus_texts, num_workers, runner):
+def test_parquet_without_the_text_column(recipe_with, tmp_path, corpus_texts):
     path = tmp_path / "notext.parquet"
     write_parquet(path, {"id": list(range(40)), "body": corpus_texts[:40]})
-    recipe = recipe_with([src("web", path, "parquet")])
+    where, exc = first_error(recipe_with([src("web", path, "parquet")]))
+    # the footer says which columns there are: refused when the loader is built (graph/program.py, check_fields)
+    assert where == "build" and isinstance(exc, SourceError), exc
+    msg = str(exc)
+    assert str(path) in msg and "no column 'text'" in msg and "columns: id, body" in msg
+    assert "Set text_field" in msg
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("num_workers,runner", [(0, "thread"), (2, "thread"), (2, "pool"), (2, "process")])
+def test_a_later_parquet_file_without_the_text_column(recipe_with, tmp_path, corpus_texts, num_workers, runner):
+    """The build reads the first file's footer only; a later file without the column is refused by the lane that
+    reads it, on whichever runner."""
+    write_parquet(tmp_path / "a-good.parquet", {"text": corpus_texts[:40]})
+    path = tmp_path / "b-notext.parquet"
+    write_parquet(path, {"id": list(range(40)), "body": corpus_texts[40:80]})
+    recipe = recipe_with([src("web", tmp_path, "parquet")])
     where, exc = first_error(recipe, num_workers=num_workers, runner=runner)
     assert where == "iterate" and isinstance(exc, SourceError), exc
     msg = str(exc)
@@ -457,3 +471,99 @@ def test_a_bad_stage_state_names_the_source(make_recipe):
             nodes.stages[1][0].reset({"upstream": 3})
     finally:
         nodes.close()
+
+
+# -- pack without tokenize, missing fields: refused when the pipeline is built -----------------------
+
+def test_pack_without_tokenize_is_refused_when_built(corpus, sp_model):
+    pipe = z.Pipeline(seed=1, lanes=2).source("web", z.read.parquet(str(corpus / "web"))).pack(seq_len=64).batch()
+    for check in (pipe.build, pipe.validate, pipe.compile):
+        with pytest.raises(PipelineError) as info:
+            check()
+        msg = str(info.value)
+        assert "operator 'pack' packs token ids (input_ids), but the records of source 'web' reach it untokenized" \
+            in msg and "Add .tokenize(zephon.tokenizer(path)) before .pack()" in msg, msg
+        assert "tokens_field='input_ids'" in msg
+    # one source left out of a tokenize with sources=[...]: that source is named, and why
+    two = (z.Pipeline(seed=1, lanes=2).source("web", z.read.parquet(str(corpus / "web")))
+           .source("code", z.read.jsonl(str(corpus / "code" / "*.jsonl")))
+           .tokenize(z.tokenizer(str(sp_model)), sources=["code"]).pack(seq_len=64, algorithm="wrap").batch())
+    with pytest.raises(PipelineError, match=r"records of source 'web' reach it untokenized \(tokenize\(sources="
+                                            r"\['code'\]\) leaves it out\)"):
+        two.build()
+    # split needs token ids too
+    with pytest.raises(PipelineError, match=r"operator 'split' cuts documents by their token ids \(input_ids\), but "
+                                            r"the records of source 'web' reach it untokenized.*before \.split\(\)"):
+        z.Pipeline(seed=1, lanes=2).source("web", z.read.parquet(str(corpus / "web"))).split(32).pack(64).batch()\
+            .build()
+
+
+def test_a_pre_tokenized_source_needs_no_tokenize(tmp_path):
+    write_parquet(tmp_path / "ids.parquet", {"input_ids": [[5, 6, 7, 8, 9]] * 40})
+    pipe = (z.Pipeline(seed=1, lanes=2)
+            .source("ids", z.read.parquet(str(tmp_path / "ids.parquet"), tokens_field="input_ids"))
+            .pack(seq_len=8, algorithm="wrap").batch())
+    batch = next(pipe.build(rank=0, world_size=1))
+    assert batch["input_ids"][0].tolist() == [5, 6, 7, 8, 9, 5, 6, 7]
+
+
+def test_tokenizing_a_source_twice_is_refused_when_built(corpus, sp_model):
+    tok = z.tokenizer(str(sp_model))
+    pipe = (z.Pipeline(seed=1, lanes=2).source("web", z.read.parquet(str(corpus / "web")))
+            .tokenize(tok, keep_field=True).tokenize(tok, name="again").pack(seq_len=64).batch())
+    with pytest.raises(PipelineError, match=r"operator 'again' tokenizes the records of source 'web', which operator "
+                                            r"'tokenize' tokenized already: tokenize each source once"):
+        pipe.build()
+
+
+def test_an_operator_field_the_source_lacks_is_refused_when_built(corpus, sp_model, tmp_path):
+    tok = z.tokenizer(str(sp_model))
+    first = min((corpus / "web").glob("*.parquet"))
+    pipe = z.Pipeline(seed=1, lanes=2).source("web", z.read.parquet(str(corpus / "web"))).tokenize(tok, field="txt")
+    for check in (pipe.pack(seq_len=64).batch().build, pipe.pack(seq_len=64).batch().validate):
+        with pytest.raises(PipelineError) as info:
+            check()
+        msg = str(info.value)
+        assert "operator 'tokenize' reads field 'txt', which the records of source 'web' do not have (they have " \
+               f"text; {first} has columns " in msg and "Did you mean 'text'?" in msg, msg
+        assert "Set tokenize(field=...)" in msg
+    # a column the file has but the source does not read: the fix is to read it
+    write_parquet(tmp_path / "two.parquet", {"text": ["a b c"] * 8, "body": ["d e f"] * 8})
+    pipe = (z.Pipeline(seed=1, lanes=2).source("web", z.read.parquet(str(tmp_path / "two.parquet")))
+            .tokenize(tok, field="body").pack(seq_len=64).batch())
+    with pytest.raises(PipelineError, match=r"has columns text, body\)\. Did you mean 'body'\? Read that column too: "
+                                            r"add 'body' to the source's columns=\[\.\.\.\]"):
+        pipe.build()
+    # JSON Lines has no schema, but what a source reads is declared: the same mistake is refused when built
+    pipe = (z.Pipeline(seed=1, lanes=2).source("code", z.read.jsonl(str(corpus / "code" / "*.jsonl")))
+            .filter_field(_keep, "txt").tokenize(tok).pack(seq_len=64).batch())
+    with pytest.raises(PipelineError, match=r"operator 'filter_field:_keep' reads field 'txt', which the records of "
+                                            r"source 'code' do not have \(they have text\)\. Did you mean 'text'\?"):
+        pipe.build()
+
+
+def _keep(value) -> bool:
+    return True
+
+
+@pytest.mark.parametrize("key", ["text_field", "columns"])
+def test_a_source_column_the_file_lacks_is_refused_when_built(recipe_with, corpus, tmp_path, key):
+    path = tmp_path / "docs.parquet"
+    write_parquet(path, {"id": list(range(8)), "text": ["a b c"] * 8})
+    value = "txt" if key == "text_field" else ["id", "txt"]
+    where, exc = first_error(recipe_with([src("web", path, "parquet", **{key: value})]))
+    assert where == "build" and isinstance(exc, SourceError), exc
+    msg = str(exc)
+    assert f"source 'web': {path} has no column 'txt' (columns: id, text). Did you mean 'text'?" in msg, msg
+    assert ("Set text_field of this source" if key == "text_field" else "Fix the source's columns") in msg
+
+
+def test_a_jsonl_field_the_records_lack_is_found_when_read(recipe_with, tmp_path, corpus_texts):
+    """A JSON Lines file has no schema (its first record says nothing of the others): the field a source reads is
+    looked for in each record, and a record without it is refused where it is, naming the line."""
+    path = tmp_path / "docs.jsonl"
+    write_jsonl(path, [{"body": t} for t in corpus_texts[:20]])
+    where, exc = first_error(recipe_with([src("code", path, "jsonl")]))
+    assert where == "iterate" and isinstance(exc, SourceError), exc
+    assert re.search(rf"source 'code': {re.escape(str(path))}, byte \d+: no field 'text' \(fields: body\)\. Set "
+                     rf"text_field of this source\.", str(exc)), exc

@@ -193,6 +193,26 @@ class SourcePlan:
         self.lanes = lanes
         self.origin = origin
 
+    def file_columns(self) -> tuple[str, list[str]] | None:
+        """``(file, columns)`` of the source's first file (``file`` as messages name it), where its format
+        declares them up front (a Parquet footer, an Arrow schema, Lance or Hugging Face metadata, an in-memory
+        table), so that a missing field is refused when the pipeline is built rather than at the first batch.
+
+        None where the format has no schema to read: a JSON Lines file's first record says nothing of the
+        others (fields may be absent or null record by record), WebDataset samples and MDS/LitData/Vortex
+        shards are checked by the lane that reads them. Only the first file is read (one footer, whatever
+        the number of files); a later file that lacks a column is still refused by the lane that reads it,
+        and so is a file that cannot be opened (not this check's to report)."""
+        names = getattr(self.reader, "column_names", None)
+        if names is None or not self.files:
+            return None
+        path = self.files[0]
+        where = getattr(self.reader, "where", None)  # a Lance fragment is named by its dataset and number
+        try:
+            return (where(path) if callable(where) else path), list(names(path))
+        except Exception:  # noqa: BLE001 - an unreadable file is the lane's to report (see above)
+            return None
+
     def make_reader(self) -> Reader:
         """A new reader of this source (for another process: see :class:`ReaderFactory`)."""
         return ReaderFactory(self.spec, self.storage)()

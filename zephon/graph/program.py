@@ -10,6 +10,7 @@ sources, and describes the whole graph for the fingerprint (:mod:`zephon.graph.f
 
 from __future__ import annotations
 
+import difflib
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Callable
@@ -20,13 +21,16 @@ from ..batches.images import ImageBatch
 from ..engine.lane import LaneProgram
 from ..engine.nodes import TransformStep
 from ..engine.stages import Stage, StageProgram
-from ..errors import PipelineError
+from ..errors import PipelineError, SourceError
 from ..ops.base import BindContext, LaneContext, Operator, Transform
 from ..ops.batch import Batch
 from ..ops.decode_images import DecodeImages
+from ..ops.filter import Filter, FilterField
 from ..ops.image_layout import NO_LIMITS
+from ..ops.map import MapField
 from ..ops.mix import Mix
 from ..ops.pack import Pack
+from ..ops.shuffle import Shuffle
 from ..ops.split import Split
 from ..ops.tokenize import Tokenize
 from ..ops.tokenize_chat import TokenizeChat
@@ -126,6 +130,7 @@ def compile_pipeline(pipe: Any, plan: WorkPlan | None = None) -> CompiledPipelin
                             f"already tensors")
     pack: Pack = ops[pack_at]  # type: ignore[assignment]
     g = _graph(pipe, pack_at)
+    check_tokens(pipe, g, pack)
     transforms = [op for op in ops if isinstance(op, Transform)]
     splits = [op for op in transforms if isinstance(op, Split)]
     for sp in splits:
@@ -146,6 +151,7 @@ def compile_pipeline(pipe: Any, plan: WorkPlan | None = None) -> CompiledPipelin
     lane_ops = _lane_ops(g, ctx) + [("pack", pack.bind(ctx).make)]
     g.placement += [("pack", "lane: accumulator", "-"), ("batch", f"lane: {batch.rows_per_lane} row(s) per step", "-")]
     plan = plan or WorkPlan(pipe)
+    check_fields(pipe, plan, g)
     pad_id = pack.pad_id if pack.pad_id is not None else _tokenizer_pad(transforms)
     compiled = CompiledPipeline(
         **_lane_fields(pipe, plan, g, ctx, mix.make, lane_ops, batch), seq_len=pack.seq_len, pad_id=pad_id,
@@ -165,6 +171,7 @@ def _compile_records(pipe: Any, plan: WorkPlan | None, batch: Batch) -> Compiled
         raise PipelineError(f"batch(stack={list(batch.stack)}, partial='pad'): a rank whose rows are all padding "
                             f"could not give the stacked tensors their shape; use partial='drop', or no stack")
     g = _graph(pipe, len(pipe.ops) - 1)
+    check_tokens(pipe, g, None)
     transforms = [op for op in pipe.ops if isinstance(op, Transform)]
     schema = token_schema(transforms)
     ctx = BindContext(tuple(g.names), tuple(s.weight for s in pipe.sources), schema, NO_LIMITS)
@@ -173,12 +180,100 @@ def _compile_records(pipe: Any, plan: WorkPlan | None, batch: Batch) -> Compiled
     g.placement += [("rows", "lane: one record per row", "-"),
                     ("batch", f"lane: {batch.rows_per_lane} record(s) per step", "-")]
     plan = plan or WorkPlan(pipe)
+    check_fields(pipe, plan, g)
     compiled = CompiledPipeline(
         **_lane_fields(pipe, plan, g, ctx, mix.make, lane_ops, batch), seq_len=1, token_fields=schema, records=True,
         stack=batch.stack, placement=g.placement, schedule=mix.schedule, weights=dict(zip(g.names, mix._weights)))
     compiled.summary = summary(pipe, plan, g.per_source, [mix, *g.after, batch])
     compiled.fingerprint = fingerprint(compiled.summary)
     return compiled
+
+
+# -- what the operators need of the records, checked when the pipeline is built ------------------------------
+# Built-in operators that add no field: what comes after them sees the fields that came before them. Every
+# other operator (map, flat_map, map_batch, decode_images, accumulate, yours) may add or remove any field, so
+# the checks below stop at the first of them (they refuse only what cannot work whatever your code does).
+_KEEPS_FIELDS = (Filter, FilterField, MapField, Split, Shuffle, Mix)
+_READS_FIELD = (Tokenize, TokenizeChat, TokenizeImages, DecodeImages, MapField, FilterField)
+
+
+def _close(name: str, choices: list[str]) -> str:
+    close = difflib.get_close_matches(name, choices, n=1)
+    return f" Did you mean '{close[0]}'?" if close else ""
+
+
+def check_tokens(pipe: Any, g: _Graph, pack: Pack | None) -> None:
+    """Refuse a source whose records reach an operator that needs token ids (``split``, ``pack``) when nothing
+    before it makes them: no tokenizing operator applies to the source, the source does not read an
+    ``input_ids`` column (a pre-tokenized source: ``tokens_field="input_ids"``), and every operator before it
+    is a built-in that adds no field (see :data:`_KEEPS_FIELDS`). Without this the lane fails at its first
+    document with ``KeyError: 'input_ids'``."""
+    for s, decl in enumerate(pipe.sources):
+        if INPUT_IDS in decl.read.fields or "*" in decl.read.fields:
+            continue
+        chain = [*g.per_source[s], *([g.mix] if g.mix else []), *g.after, *([pack] if pack is not None else [])]
+        for op in chain:
+            if isinstance(op, TOKENIZING) or type(op) not in (*_KEEPS_FIELDS, Pack):
+                break  # ids made here, or maybe (an operator of unknown output): nothing to refuse
+            if isinstance(op, (Split, Pack)):
+                others = [f"{t.op}(sources={list(t.sources)})" for t in pipe.ops
+                          if isinstance(t, TOKENIZING) and t.sources is not None and decl.name not in t.sources]
+                left_out = f" ({', '.join(others)} leaves it out)" if others else ""
+                what = "packs token ids" if isinstance(op, Pack) else "cuts documents by their token ids"
+                raise PipelineError(
+                    f"operator '{op.name}' {what} (input_ids), but the records of source '{decl.name}' reach it "
+                    f"untokenized{left_out}. Add .tokenize(zephon.tokenizer(path)) before .{op.op}() (or "
+                    f".tokenize_chat(...) for conversations), or, if the source holds token ids already, read them "
+                    f"as input_ids (tokens_field='input_ids').")
+
+
+def check_fields(pipe: Any, plan: WorkPlan, g: _Graph) -> None:
+    """Refuse, when the pipeline is built, a field that a source reads but its files lack, or that an operator
+    before the merge reads but its source does not give; the error names the source, the file, the field, the
+    fields there are and the closest one. A file's columns are known up front only for formats with a schema
+    (:meth:`~zephon.plan.SourcePlan.file_columns`: not JSON Lines, whose first record is no schema); what a
+    source gives is what it reads (its ``columns``, else its text or token-id field), followed through the
+    built-in operators that add no field."""
+    for s, (decl, sp) in enumerate(zip(pipe.sources, plan.sources)):
+        read = decl.read
+        if read.format == "webdataset" or "*" in read.fields:
+            continue  # fields named by the shards' member extensions: the reader checks them
+        found = sp.file_columns()
+        if found is not None:
+            path, columns = found
+            for name in read.fields:
+                if name not in columns:
+                    fix = "Fix the source's columns." if read.columns is not None else \
+                        "Set tokens_field of this source to the column that holds the token ids." if read.tokens_field \
+                        else "Set text_field of this source to the column that holds the text."
+                    raise SourceError(f"source '{decl.name}': {path} has no column '{name}' (columns: "
+                                      f"{', '.join(columns)}).{_close(name, columns)} {fix}")
+        fields: set[str] | None = set(read.fields)
+        tokenized_by: Operator | None = None
+        for op in g.per_source[s]:
+            if fields is None:
+                break
+            if isinstance(op, TOKENIZING):
+                if tokenized_by is not None:
+                    raise PipelineError(f"operator '{op.name}' tokenizes the records of source '{decl.name}', which "
+                                        f"operator '{tokenized_by.name}' tokenized already: tokenize each source "
+                                        f"once (pick the sources of each with sources=[...]).")
+                tokenized_by = op
+            need = getattr(op, "field", None) if isinstance(op, _READS_FIELD) else None
+            if need is not None and need not in fields:
+                gives = sorted(fields)
+                there = f"; {found[0]} has columns {', '.join(found[1])}" if found is not None else ""
+                fix = f" Read that column too: add '{need}' to the source's columns=[...]." \
+                    if found is not None and need in found[1] else \
+                    f" Set {op.op}(field=...) to a field the records have, or read the field from the source " \
+                    f"(its columns=[...])."
+                raise PipelineError(f"operator '{op.name}' reads field '{need}', which the records of source "
+                                    f"'{decl.name}' do not have (they have {', '.join(gives) or 'no field'}{there})."
+                                    f"{_close(need, gives + (found[1] if found else []))}{fix}")
+            if isinstance(op, Tokenize):
+                fields = (fields if op.keep_field else fields - {op.field}) | {INPUT_IDS}
+            elif type(op) not in _KEEPS_FIELDS:
+                fields = None
 
 
 def _mix(g: _Graph, default_by: str, ctx: BindContext) -> Mix:

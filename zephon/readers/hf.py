@@ -239,6 +239,9 @@ class HfReader:
     def _starts(self, path: str) -> np.ndarray:
         return self.parquet.row_group_starts(path) if path.endswith(".parquet") else self.arrow.group_starts(path)
 
+    def column_names(self, path: str) -> list[str]:
+        return self._reader(path).column_names(path)
+
     def split_units(self, files: Sequence[str], lanes: int) -> list[Unit]:
         return units_of_groups(files, lanes, self._starts)
 

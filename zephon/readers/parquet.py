@@ -67,6 +67,10 @@ class ParquetReader:
         sizes = [meta.row_group(i).num_rows for i in range(meta.num_row_groups)]
         return np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)]).astype(np.int64)
 
+    def column_names(self, path: str) -> list[str]:
+        """The columns of ``path`` (from its footer)."""
+        return list(self._open(path).schema_arrow.names)
+
     # -- planning -------------------------------------------------------------------------------
     def split_units(self, files: Sequence[str], lanes: int) -> list[Unit]:
         return units_of_groups(files, lanes, self.row_group_starts)
