@@ -567,3 +567,47 @@ def test_a_jsonl_field_the_records_lack_is_found_when_read(recipe_with, tmp_path
     assert where == "iterate" and isinstance(exc, SourceError), exc
     assert re.search(rf"source 'code': {re.escape(str(path))}, byte \d+: no field 'text' \(fields: body\)\. Set "
                      rf"text_field of this source\.", str(exc)), exc
+
+
+# -- empty sources, paths that name nothing --------------------------------------------------------
+
+@pytest.mark.parametrize("files", [1, 5])
+def test_a_source_of_empty_files_names_them_and_the_fix(tmp_path, sp_model, files):
+    folder = tmp_path / "js"
+    folder.mkdir()
+    for k in range(files):
+        (folder / f"{k}.jsonl").write_bytes(b"")
+    pipe = (z.Pipeline(seed=1, lanes=2).source("js", z.read.jsonl(str(folder if files > 1 else folder / "0.jsonl")))
+            .tokenize(z.tokenizer(str(sp_model))).pack(seq_len=64).batch())
+    with pytest.raises(SourceError) as info:
+        pipe.build()
+    msg = str(info.value)
+    if files == 1:
+        assert f"source 'js' has no data: its only file {folder / '0.jsonl'} is empty (no jsonl records)" in msg, msg
+        assert "remove the empty file or put data in" in msg
+    else:
+        listed = ", ".join(str(folder / f"{k}.jsonl") for k in range(3))
+        assert f"source 'js' has no data: all its 5 files ({listed} and 2 more) are empty" in msg, msg
+        assert "remove the empty files" in msg
+    assert "Check the source's path or glob" in msg
+
+
+def test_a_missing_path_says_what_it_is_relative_to(tmp_path, sp_model, monkeypatch, recipe_with):
+    monkeypatch.chdir(tmp_path)
+    pipe = (z.Pipeline(seed=1, lanes=2).source("web", z.read.parquet("data/web"))
+            .tokenize(z.tokenizer(str(sp_model))).pack(seq_len=64).batch())
+    with pytest.raises(SourceError) as info:
+        pipe.build()
+    msg = str(info.value)
+    assert "source 'web': path 'data/web' does not exist. Fix the path given to zephon.read.<format>(...) " \
+           f"(a relative path resolves against the current directory, {tmp_path})" in msg, msg
+    assert "recipe" not in msg
+    # in a recipe file, relative paths are joined to the recipe's folder, and the message says so
+    folder = tmp_path / "recipes"
+    folder.mkdir()
+    recipe = folder / "r.toml"
+    recipe.write_text(f'seed = 7\nlanes = 2\nseq_len = 64\n[tokenizer]\nkind = "sentencepiece"\npath = "{sp_model}"\n'
+                      f'[[sources]]\nname = "web"\npath = "data/web"\nformat = "parquet"\n')
+    where, exc = first_error(load_recipe(recipe))
+    assert where == "build" and isinstance(exc, SourceError), exc
+    assert f"Fix sources.path (relative paths resolve against the recipe's folder, {folder})" in str(exc), exc

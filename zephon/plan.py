@@ -175,6 +175,12 @@ def find_files(fs: Any, root: str) -> list[str]:
     return sorted(found)
 
 
+def name_some(paths: list[str], most: int = 3) -> str:
+    """``"a, b, c and 7 more"``: the first ``most`` of ``paths``, for messages."""
+    shown = ", ".join(paths[:most])
+    return shown + (f" and {len(paths) - most} more" if len(paths) > most else "")
+
+
 class SourcePlan:
     """A source's files and units, and the closed-form routing of its units to lanes."""
 
@@ -188,7 +194,13 @@ class SourcePlan:
         self.reader: Reader = make_reader(spec.name, spec.read, self.fs)
         self.units: list[Unit] = self.reader.split_units(self.files, lanes)
         if not self.units:
-            raise SourceError(f"source '{spec.name}' has no data in {len(self.files)} files.")
+            files = self.files
+            which = f"its only file {files[0]} is" if len(files) == 1 else \
+                f"all its {len(files)} files ({name_some(files)}) are"
+            raise SourceError(f"{origin}: source '{spec.name}' has no data: {which} empty (no {spec.format} "
+                              f"records). Check the source's path or glob (does it match the files you meant?), "
+                              f"remove the empty {'file' if len(files) == 1 else 'files'} or put data in, or remove "
+                              f"the source.")
         self.seed = seed
         self.lanes = lanes
         self.origin = origin

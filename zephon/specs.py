@@ -135,8 +135,12 @@ def tokenizer_file(spec: TokenizerSpec) -> Path:
             f"; point tokenizer.path at {what}"
         raise RecipeFileError(f"{where} is a directory, not a tokenizer file{hint}.")
     if not path.is_file():
+        # a recipe file's parser made its relative paths absolute (joined to its folder); a path still relative
+        # came from Python (or a recipe dict without base_dir) and resolves against the current directory
+        note = "in a recipe file, relative paths resolve against its folder" if path.is_absolute() else \
+            f"a relative path resolves against the current directory, {Path.cwd()}"
         raise RecipeFileError(f"tokenizer file not found: {where} does not exist. Fix tokenizer.path in the recipe "
-                              f"(relative paths resolve against the recipe's folder).")
+                              f"or the path given to zephon.tokenizer(...) ({note}).")
     return path
 
 

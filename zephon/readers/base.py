@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import collections.abc
 import math
+import os
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -96,9 +97,18 @@ def limit_text_column(col: Any, limit: DocLimit, source: str, path: str, first_r
 
 
 def path_not_found(origin: str, source: str, pattern: str) -> SourceError:
-    """The error for a ``sources.path`` entry that names nothing (shared by every way of listing)."""
-    return SourceError(f"{origin}: source '{source}': path '{pattern}' does not exist. Fix sources.path "
-                       f"(relative paths resolve against the recipe's folder).")
+    """The error for a source path that names nothing (shared by every way of listing). ``origin`` is the
+    pipeline's: a recipe file's path, ``"<dict>"`` for a recipe given as a dict, ``"<builder>"`` for a pipeline
+    built in Python; what a relative path resolved against depends on it, and the message says which."""
+    builder = origin in ("<builder>", "the pipeline")
+    fix = "Fix the path given to zephon.read.<format>(...)" if builder else "Fix sources.path"
+    if not builder and not origin.startswith("<"):  # a recipe file: its parser joined the path to its folder
+        note = f" (relative paths resolve against the recipe's folder, {os.path.dirname(os.path.abspath(origin))})"
+    elif "://" not in pattern and not os.path.isabs(pattern):
+        note = f" (a relative path resolves against the current directory, {os.getcwd()})"
+    else:
+        note = ""
+    return SourceError(f"{origin}: source '{source}': path '{pattern}' does not exist. {fix}{note}.")
 
 
 @dataclass(frozen=True)
