@@ -12,6 +12,7 @@ import gzip
 import json
 import os
 import re
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -611,3 +612,16 @@ def test_a_missing_path_says_what_it_is_relative_to(tmp_path, sp_model, monkeypa
     where, exc = first_error(load_recipe(recipe))
     assert where == "build" and isinstance(exc, SourceError), exc
     assert f"Fix sources.path (relative paths resolve against the recipe's folder, {folder})" in str(exc), exc
+
+
+# -- the accumulator checker without hypothesis ------------------------------------------------------
+
+def test_check_accumulator_without_hypothesis_says_what_to_install(monkeypatch):
+    from zephon.testing import check_accumulator
+
+    monkeypatch.setitem(sys.modules, "hypothesis", None)  # `import hypothesis` now raises ImportError
+    with pytest.raises(ModuleNotFoundError) as info:
+        check_accumulator(lambda ctx: None, [{"x": 1}])
+    msg = str(info.value)
+    assert "check_accumulator needs the hypothesis package" in msg and "python -m pip install -e '.[test]'" in msg
+    assert "check_one(factory, records, cuts)" in msg and info.value.name == "hypothesis"

@@ -107,8 +107,15 @@ def check_accumulator(factory: Callable[..., Any], records: Sequence[Any], *, se
     (a few dozen, with the duplicates and edge cases your operator cares about). Hypothesis chooses where
     the flushes fall (derandomized: the same cases on every run) and shrinks a failure to the smallest.
     """
-    from hypothesis import HealthCheck, given, settings
-    from hypothesis import strategies as st
+    try:
+        from hypothesis import HealthCheck, given, settings
+        from hypothesis import strategies as st
+    except ImportError as exc:
+        raise ModuleNotFoundError(
+            "zephon.testing.check_accumulator needs the hypothesis package, which chooses where the flushes fall "
+            "(it is in Zephon's test extra): python -m pip install -e '.[test]' from a Zephon checkout, or "
+            f"python -m pip install 'hypothesis>=6.100'. To check one placement without it, call "
+            f"zephon.testing.check_one(factory, records, cuts). ({exc})", name="hypothesis") from exc
 
     records = list(records)
     if not records:
