@@ -23,7 +23,7 @@ import zstandard
 
 import zephon as z
 from zephon import RecipeError, SourceError, StateError, build_loader, load_recipe, merge_states, recipe_from_dict
-from zephon.errors import OperatorError, PipelineError
+from zephon.errors import OperatorError, PipelineError, RecipeFileError
 from zephon.state import seal
 
 from .conftest import base_recipe_dict
@@ -625,3 +625,99 @@ def test_check_accumulator_without_hypothesis_says_what_to_install(monkeypatch):
     msg = str(info.value)
     assert "check_accumulator needs the hypothesis package" in msg and "python -m pip install -e '.[test]'" in msg
     assert "check_one(factory, records, cuts)" in msg and info.value.name == "hypothesis"
+
+
+# -- recipe keys: a typo gets a suggestion ----------------------------------------------------------
+
+def _ops_recipe(sp_model, corpus, **change) -> dict:
+    data = {"seed": 1, "lanes": 2,
+            "sources": [{"name": "web", "path": str(corpus / "web"), "format": "parquet"}],
+            "ops": [{"op": "tokenize", "tokenizer": str(sp_model)}, {"op": "pack", "seq_len": 64},
+                    {"op": "batch", "rows_per_lane": 1}]}
+    data.update(change)
+    return data
+
+
+@pytest.mark.parametrize("change,expect", [
+    ({"ops": [{"op": "tokenise"}]}, r"\[\[ops\]\] #1: unknown op 'tokenise'; did you mean 'tokenize'\?"),
+    ({"ops": [{"op": "pack", "seq_lne": 64}]}, (r"\[\[ops\]\] #1 \(op = 'pack'\): unknown key 'seq_lne'\. "
+                                                r"Did you mean 'seq_len'\?")),
+    ({"ops": [{"seq_len": 64}]}, (r"\[\[ops\]\] #1: no 'op': each \[\[ops\]\] table names its operator, "
+                                  r"op = \"<name>\" \(one of .*pack.*\), and gives its arguments as the other keys "
+                                  r"\(here: seq_len\)")),
+    ({"laness": 2}, r"unknown key 'laness' in the top level of an \[\[ops\]\] recipe.*Did you mean 'lanes'\?"),
+    ({"sources": [{"name": "web", "path": "x", "fromat": "parquet"}]},
+     r"unknown key 'fromat' in \[\[sources\]\] #1\. Did you mean 'format'\?"),
+])
+def test_ops_recipe_typos_get_a_suggestion(sp_model, corpus, change, expect):
+    with pytest.raises(RecipeError, match=expect):
+        recipe_from_dict(_ops_recipe(sp_model, corpus, **change))
+
+
+def test_classic_recipe_source_key_typo_gets_a_suggestion(corpus, sp_model):
+    data = base_recipe_dict(corpus, {"kind": "sentencepiece", "path": str(sp_model)})
+    data["sources"][1]["text_feild"] = "text"
+    with pytest.raises(RecipeError, match=r"unknown key 'text_feild' in \[\[sources\]\] #2\. Did you mean "
+                                          r"'text_field'\?"):
+        recipe_from_dict(data)
+
+
+def test_ops_recipe_tokenizer_errors_name_the_table(sp_model, corpus, tmp_path):
+    recipe = tmp_path / "r.toml"
+    recipe.write_text(f'seed = 1\nlanes = 2\n[[sources]]\nname = "web"\npath = "{corpus / "web"}"\n'
+                      f'format = "parquet"\n[[ops]]\nop = "tokenize"\ntokenizer = "tok/absent.model"\n'
+                      f'[[ops]]\nop = "pack"\nseq_len = 64\n[[ops]]\nop = "batch"\n')
+    with pytest.raises(RecipeFileError) as info:
+        load_recipe(recipe)
+    msg = str(info.value)
+    assert f"{recipe}: [[ops]] #1 (op = 'tokenize'): 'tokenizer': tokenizer file not found: " \
+           f"{tmp_path / 'tok' / 'absent.model'} does not exist. Fix the path (in a recipe file, relative paths " \
+           f"resolve against its folder)." in msg, msg
+    recipe.write_text(recipe.read_text().replace('"tok/absent.model"', f'{{ kind = "tiktoken", path = "{sp_model}" }}'))
+    with pytest.raises(RecipeError, match=r"\[\[ops\]\] #1 \(op = 'tokenize'\): 'tokenizer': .*the file looks like "
+                                          r"a SentencePiece model .*, not a tiktoken BPE file.*Pass "
+                                          r"kind='sentencepiece'"):
+        load_recipe(recipe)
+
+
+# -- the first hour: tokenizers, ranks, batch arguments ---------------------------------------------
+
+def test_a_tokenizer_of_the_wrong_kind_is_refused_when_declared(sp_model, corpus):
+    with pytest.raises(PipelineError, match=r"kind='huggingface'\): the file looks like a SentencePiece model .*not a "
+                                            r"Hugging Face tokenizer\.json.*Pass kind='sentencepiece' \(or leave kind "
+                                            r"out: it is told from the file\)"):
+        z.tokenizer(str(sp_model), kind="huggingface")
+    with pytest.raises(PipelineError, match=r"kind='sentencepeice'\): kind must be one of sentencepiece, huggingface, "
+                                            r"tiktoken\. Did you mean 'sentencepiece'\?"):
+        z.tokenizer(str(sp_model), kind="sentencepeice")
+    data = min((corpus / "web").glob("*.parquet"))
+    with pytest.raises(PipelineError, match=r"the file is none of the kinds Zephon reads \(a SentencePiece \.model, "
+                                            r"a Hugging Face tokenizer\.json, a tiktoken \.tiktoken BPE file\)\. Point "
+                                            r"it at the tokenizer file"):
+        z.tokenizer(str(data))
+
+
+@pytest.mark.parametrize("rank,world_size,error,expect", [
+    ("0", 1, TypeError, r"rank='0': the data-parallel rank must be an int, got str \(e\.g\. int\(os\.environ"),
+    (0, 2.0, TypeError, r"world_size=2\.0: the data-parallel world size must be an int, got float"),
+    (5, 2, ValueError, (r"rank=5 is outside \[0, world_size=2\): pass this process's rank in its data-parallel "
+                        r"group, 0 to 1")),
+])
+def test_rank_and_world_size_errors_say_what_is_needed(make_recipe, rank, world_size, error, expect):
+    with pytest.raises(error, match=expect):
+        build_loader(make_recipe(), rank=rank, world_size=world_size)
+
+
+@pytest.mark.parametrize("call,expect", [
+    (lambda p: p.batch("2"), r"batch\(rows_per_lane=\.\.\.\) must be a positive integer, got '2'"),
+    (lambda p: p.batch(0), r"batch\(rows_per_lane=\.\.\.\) must be a positive integer, got 0"),
+    (lambda p: p.batch(1, partial="keep"), r"batch\(partial='keep'\): use one of \('drop', 'pad'\)"),
+    (lambda p: p.pack(seq_len="64"), r"pack\(seq_len=\.\.\.\) must be a positive integer, got '64'"),
+])
+def test_builder_arguments_of_the_wrong_type_name_the_argument(corpus, sp_model, call, expect):
+    pipe = (z.Pipeline(seed=1, lanes=2).source("web", z.read.parquet(str(corpus / "web")))
+            .tokenize(z.tokenizer(str(sp_model))))
+    if "batch" in expect:
+        pipe = pipe.pack(seq_len=64)
+    with pytest.raises(PipelineError, match=expect):
+        call(pipe)

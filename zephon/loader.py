@@ -47,13 +47,20 @@ def default_steps_ahead(program: CompiledPipeline, num_workers: int, runner: str
 
 def lanes_of_rank(lanes: int, rank: int, world_size: int) -> range:
     """The contiguous lanes owned by ``rank``; errors name the numbers when they do not fit."""
+    for name, value in (("rank", rank), ("world_size", world_size)):
+        if isinstance(value, bool) or not hasattr(type(value), "__index__"):  # int, numpy integers
+            raise TypeError(f"{name}={value!r}: the data-parallel {name.replace('_', ' ')} must be an int, got "
+                            f"{type(value).__name__} (e.g. int(os.environ['RANK']), or leave rank and world_size "
+                            f"out to take them from torch.distributed)")
     if world_size < 1 or lanes % world_size:
         divisors = [d for d in range(1, lanes + 1) if lanes % d == 0]
         raise ValueError(f"world_size={world_size} does not divide lanes={lanes}: every rank must own the "
                          f"same number of lanes. Use a world size in {divisors}, or a pipeline whose lanes "
                          f"is a multiple of {world_size} (lanes is fixed for the life of a run).")
     if not 0 <= rank < world_size:
-        raise ValueError(f"rank={rank} is outside [0, world_size={world_size}).")
+        raise ValueError(f"rank={rank} is outside [0, world_size={world_size}): pass this process's rank in its "
+                         f"data-parallel group, 0 to {world_size - 1} (with tensor or pipeline parallelism, the "
+                         f"data-parallel rank, not the global one).")
     per = lanes // world_size
     return range(rank * per, (rank + 1) * per)
 

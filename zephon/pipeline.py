@@ -30,6 +30,7 @@ declared when it is not written.
 from __future__ import annotations
 
 import copy
+import difflib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
@@ -52,7 +53,7 @@ from .ops.tokenize import Tokenize
 from .ops.tokenize_chat import DEFAULT_DATE, TokenizeChat
 from .ops.tokenize_images import TokenizeImages
 from .read import FORMATS, ReadSpec
-from .specs import TokenizerSpec, validate_special_tokens
+from .specs import KIND_FILES, TokenizerSpec, validate_special_tokens
 
 TOKENIZING_OPS = (Tokenize, TokenizeChat, TokenizeImages)
 
@@ -517,11 +518,22 @@ def tokenizer(path: str, kind: str | None = None, *, add_eos: bool = True, add_b
     from .tokenization import sniff_tokenizer_kind
 
     _check_tokenizer_file(path)  # a clear error now, rather than a backend's when the pipeline is built
+    if kind is not None and kind not in KIND_FILES:
+        close = difflib.get_close_matches(str(kind), list(KIND_FILES), n=1)
+        raise PipelineError(f"tokenizer({path!r}, kind={kind!r}): kind must be one of {', '.join(KIND_FILES)}"
+                            + (f". Did you mean {close[0]!r}?" if close else " (or None: told from the file)"))
+    looks = sniff_tokenizer_kind(Path(path))
     if kind is None:
-        kind = sniff_tokenizer_kind(Path(path))
+        kind = looks
         if kind is None:
-            raise PipelineError(f"tokenizer({path!r}): cannot tell which kind of tokenizer this file is; pass "
-                                f"kind='sentencepiece', 'huggingface' or 'tiktoken'")
+            raise PipelineError(f"tokenizer({path!r}): the file is none of the kinds Zephon reads (a SentencePiece "
+                                f".model, a Hugging Face tokenizer.json, a tiktoken .tiktoken BPE file). Point it at "
+                                f"the tokenizer file; if it is one of them, pass kind='sentencepiece', 'huggingface' "
+                                f"or 'tiktoken'.")
+    elif looks is not None and looks != kind:
+        raise PipelineError(f"tokenizer({path!r}, kind={kind!r}): the file looks like {KIND_FILES[looks]}, not "
+                            f"{KIND_FILES[kind]}. Pass kind={looks!r} (or leave kind out: it is told from the file), "
+                            f"or point it at {KIND_FILES[kind]}.")
     spec = TokenizerSpec(kind, str(path), add_eos, add_bos, eos_token, bos_token, pad_id, pat_str,
                          dict(special_tokens) if special_tokens is not None else None)
     try:

@@ -28,9 +28,10 @@ from __future__ import annotations
 import difflib
 import importlib
 import inspect
+from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from ..errors import PipelineError, RecipeError
+from ..errors import PipelineError, RecipeError, RecipeFileError
 from ..ops.base import Operator
 from ..ops.schedule import Schedule
 from ..pipeline import Pipeline, tokenizer
@@ -108,10 +109,17 @@ def _tokenizer(value: Any, where: str) -> TokenizerSpec:
     if not isinstance(value, Mapping) or "path" not in value:
         raise RecipeError(f"{where}: 'tokenizer' must be a path or a table {{ kind = ..., path = ... }}")
     opts = {k: v for k, v in value.items() if k not in ("path", "kind")}
+    path = Path(str(value["path"]))
+    if not path.exists():  # the parser joined a recipe file's relative paths to its folder
+        note = "in a recipe file, relative paths resolve against its folder" if path.is_absolute() else \
+            f"a relative path resolves against the current directory, {Path.cwd()}"
+        raise RecipeFileError(f"{where}: tokenizer file not found: {path} does not exist. Fix the path ({note}).")
     try:
-        return tokenizer(str(value["path"]), value.get("kind"), **opts)
-    except TypeError as exc:
-        raise RecipeError(f"{where}: tokenizer: {exc}") from None
+        return tokenizer(str(path), value.get("kind"), **opts)
+    except RecipeFileError as exc:
+        raise RecipeFileError(f"{where}: {exc}") from None
+    except (TypeError, PipelineError, RecipeError) as exc:
+        raise RecipeError(f"{where}: {exc}") from None
 
 
 def _schedule(value: Any, where: str) -> Schedule:
@@ -130,7 +138,11 @@ def add_op(pipe: Pipeline, table: Mapping[str, Any], where: str) -> Pipeline:
     """``pipe`` with the operator an ``[[ops]]`` table spells (errors name the table and the fix)."""
     ops = builder_ops()
     t = dict(table)
-    op = t.pop("op", None)
+    if "op" not in t:
+        raise RecipeError(f"{where}: no 'op': each [[ops]] table names its operator, op = \"<name>\" (one of "
+                          f"{', '.join(ops)}), and gives its arguments as the other keys (here: "
+                          f"{', '.join(map(str, t)) or 'none'}).")
+    op = t.pop("op")
     if op not in ops:
         close = difflib.get_close_matches(str(op), ops, n=1)
         raise RecipeError(f"{where}: unknown op {op!r}" + (f"; did you mean '{close[0]}'?" if close else "") +
