@@ -265,9 +265,19 @@ def test_diff_finds_the_step_of_a_mid_run_set_mixture(identity, sp_model):
         loader.set_mixture({"web": 0.1, "code": 0.9}, at_step=9)
         after = json.loads(json.dumps(loader.state_dict()))
     report = z.diff(pipe, pipe, 12, state_a=before, state_b=after)
-    assert report.first_step == 9, report.summary()
-    assert report.steps == 12 and report.lanes and report.first_step_of_lane
-    assert min(report.first_step_of_lane.values()) == 9
+    # the truth, from both runs' global batches and each lane's rows, step by step
+    digests, lane_rows = {}, {}
+    for name, state in (("a", before), ("b", after)):
+        with pipe.build(0, 1) as loader:
+            loader.load_state_dict(state)
+            batches = list(itertools.islice(loader, 12))
+        digests[name] = [z.batch_digest(b) for b in batches]
+        lane_rows[name] = [[b["input_ids"][lane].numpy().tobytes() + b["provenance"][b["provenance"][:, 0] == lane]
+                            .numpy().tobytes() for lane in range(32)] for b in batches]
+    first = next(k for k in range(12) if digests["a"][k] != digests["b"][k]) + 4
+    assert report.first_step == first >= 9, report.summary()  # never before the change: the step clock
+    assert report.lanes == [lane for lane in range(32) if lane_rows["a"][first - 4][lane] != lane_rows["b"][first - 4][lane]]
+    assert report.steps == 12 and report.lanes and min(report.first_step_of_lane.values()) == first
     for name in ("web", "code"):  # identical up to the change, by source and step
         assert np.array_equal(report.tokens_a[name][:5], report.tokens_b[name][:5])
     after_change = slice(5, 12)  # steps 9.. (the report starts at step 4)
