@@ -19,20 +19,20 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import zephon as z
 from zephon._perm import inverse_index, permute_index
 from zephon.batches.rows import select_rows
 from zephon.cli import main as cli
-from zephon.provenance.segments import Namer
 from zephon.origins import PROVENANCE_COLUMNS, file_id, pattern_root, relative_file, source_root
+from zephon.provenance.segments import Namer
 from zephon.tokenization import load_tokenizer
 from zephon.verify import global_hashes
 
 WORLD_SIZES = [1, 2, 4, 8, 16, 32]
-FILLER = ("the quick brown fox jumps over the lazy dog while a careful reader counts every word of it and "
-          "wonders where each sentence came from").split()
+FILLER = ["the", "quick", "brown", "fox", "jumps", "over", "the", "lazy", "dog", "while", "a", "careful", "reader", "counts", "every", "word", "of", "it", "and", "wonders", "where", "each", "sentence", "came", "from"]
 
 
 def _text(tag: str, k: int) -> str:
@@ -216,7 +216,7 @@ def test_locate_finds_every_record_of_a_one_pass_source_exactly_once(identity, s
     # one pass: a record's pieces tile its tokens exactly once (best fit may deliver a later piece first)
     for key, found in landings.items():
         spans = sorted((a, b) for *_, a, b in found)
-        assert spans[0][0] == 0 and all(p[1] == q[0] for p, q in zip(spans, spans[1:])), (key, spans)
+        assert spans[0][0] == 0 and all(p[1] == q[0] for p, q in itertools.pairwise(spans)), (key, spans)
     for key in random.Random(7).sample(every, 24):
         loc = z.locate(pipe, *key)
         assert [(x.step, x.row, *x.tokens) for x in loc] == landings[key], key

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import hashlib
 import posixpath
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -106,7 +106,7 @@ def relative_file(path: str, root: str) -> str:
     if not root:
         return path
     prefix = root if root.endswith("/") else root + "/"
-    return path[len(prefix):] if path.startswith(prefix) else path
+    return path.removeprefix(prefix)
 
 
 def read_origin(start_cursor: int, next_cursors: np.ndarray) -> np.ndarray:

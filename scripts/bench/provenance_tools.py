@@ -30,7 +30,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import fmt_table, machine_info  # noqa: E402
+from _common import fmt_table, machine_info
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -56,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
         rows.append([f"trace_{step}_start", step + 1, f"{took:.2f}", f"{took / (step + 1) * 1000:.1f}"])
         result[f"trace_{step}_start"] = {"steps": step + 1, "seconds": took}
         start = max(0, step - 100)
-        with ZephonLoader(pipe.replace(provenance=True), 0, 1, lanes=range(0, 1)) as lane0:  # a checkpoint of lane 0
+        with ZephonLoader(pipe.replace(provenance=True), 0, 1, lanes=range(1)) as lane0:  # a checkpoint of lane 0
             lane0._advance(start)
             state = json.loads(json.dumps(lane0.state_dict()))
             lane0._advance(step - start)

@@ -9,8 +9,9 @@ delivered tokens per source and step (from the batches' provenance) show what a 
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 import torch

@@ -12,8 +12,9 @@ delivered never will be (an operator after the merge dropped it).
 from __future__ import annotations
 
 import difflib
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 

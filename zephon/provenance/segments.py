@@ -6,8 +6,9 @@ turns a pipeline's file ids back into paths relative to each source's root, from
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -106,7 +107,7 @@ def segments_of(batch: Mapping[str, Any], step: int, namer: Namer, rows: Sequenc
         The segments.
     """
     table = batch[PROVENANCE_KEY].numpy()
-    wanted = None if rows is None else set(int(r) for r in rows)
+    wanted = None if rows is None else {int(r) for r in rows}
     packed = "segment_ids" in batch
     out = []
     for entry in table.tolist():

@@ -9,7 +9,8 @@ replay, never the whole loader's. Their segments come with the provenance every 
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from ._run import contiguous, decoder, every_lane_decides, lanes_loader, state_of, with_provenance
 from .segments import Namer, Segment, segments_of
