@@ -30,7 +30,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1] / "zephon"
 LAYERS = [
     ["_perm", "errors", "specs", "records", "state"],
-    ["storage", "readers", "tokenization", "imaging"],
+    ["storage", "readers", "tokenization", "imaging", "origins"],
     ["read", "ops"],
     ["plan", "recipe.to_toml"],
     ["engine", "batches"],
@@ -38,7 +38,7 @@ LAYERS = [
     ["loader"],
     ["pipeline"],
     ["recipe"],
-    ["verify", "testing", "cli", "demo", "demo_vl", "__main__", "schedule_view"],
+    ["verify", "testing", "cli", "demo", "demo_vl", "__main__", "schedule_view", "provenance"],
 ]
 
 

@@ -304,3 +304,16 @@ def test_recipe_can_use_the_trainers_hugging_face_tokenizer(tmp_path, corpus, hf
     empty = ZephonTokenizer.Config().build(tokenizer_path=str(tmp_path / "none"))
     with pytest.raises(RuntimeError, match="recipe's tokenizer"):
         empty.encode("text")
+
+
+def test_provenance_stays_out_of_the_model_inputs_and_is_kept_for_the_user(recipe_path, tmp_path):
+    # Torchtitan's trainer passes every input key on to the model's forward: the provenance is kept aside
+    text = recipe_path.read_text().replace("seed =", "provenance = true\nseed =", 1)
+    with_prov = tmp_path / "recipe.toml"
+    with_prov.write_text(text)
+    ld = build(with_prov, 2, 1)
+    inputs, _ = next(iter(ld))
+    assert set(inputs) == {"input", "positions"}
+    z = next(zephon.build_loader(zephon.load_recipe(with_prov), rank=1, world_size=2))
+    assert torch.equal(ld.last_provenance, z["provenance"])
+    assert set(ld.last_provenance[:, 0].tolist()) == set(range(LANES // 2 * BPL, LANES * BPL))

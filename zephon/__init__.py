@@ -31,6 +31,10 @@ _EXPORTS: dict[str, str] = {
     "Schedule": ".ops.schedule",
     "Pipeline": ".pipeline", "tokenizer": ".pipeline",
     "WorkPlan": ".plan",
+    "PROVENANCE_COLUMNS": ".origins",
+    "diff": ".provenance.diff", "DiffReport": ".provenance.diff", "locate": ".provenance.locate",
+    "Landing": ".provenance.locate", "Location": ".provenance.locate", "Segment": ".provenance.segments",
+    "trace": ".provenance.trace",
     "Recipe": ".recipe.parse", "load_recipe": ".recipe.parse", "recipe_from_dict": ".recipe.parse",
     "load_pipeline": ".recipe.references",
     "IGNORE": ".records", "Doc": ".records", "Flush": ".records",
@@ -40,12 +44,12 @@ _EXPORTS: dict[str, str] = {
 }
 
 __all__ = [
-    "Accumulator", "Doc", "Flush", "HASHED_KEYS", "IGNORE", "LaneContext", "LaneState", "Merge", "OperatorError",
-    "PackSpec", "Pipeline", "PipelineError", "Recipe", "RecipeError", "Schedule", "SourceError", "SourceSpec",
-    "StateError", "Tokenizer", "TokenizerSpec", "Transform", "ValidationReport", "WorkPlan", "ZephonLoader",
-    "batch_digest", "build_loader", "collate", "global_digest", "lanes_of_rank", "load_pipeline", "load_recipe",
-    "load_state", "load_tokenizer", "merge_states", "read", "recipe_from_dict", "save_state", "select_rows",
-    "tokenizer",
+    "Accumulator", "DiffReport", "Doc", "Flush", "HASHED_KEYS", "IGNORE", "Landing", "LaneContext", "LaneState",
+    "Location", "Merge", "OperatorError", "PROVENANCE_COLUMNS", "PackSpec", "Pipeline", "PipelineError", "Recipe",
+    "RecipeError", "Schedule", "Segment", "SourceError", "SourceSpec", "StateError", "Tokenizer", "TokenizerSpec",
+    "Transform", "ValidationReport", "WorkPlan", "ZephonLoader", "batch_digest", "build_loader", "collate", "diff",
+    "global_digest", "lanes_of_rank", "load_pipeline", "load_recipe", "load_state", "load_tokenizer", "locate",
+    "merge_states", "read", "recipe_from_dict", "save_state", "select_rows", "tokenizer", "trace",
 ]  # the keys of _EXPORTS (tests/test_cli.py checks), spelled out for readers and linters
 
 
@@ -72,10 +76,15 @@ if TYPE_CHECKING:  # the same names, eagerly, for type checkers and IDEs
     from .errors import OperatorError, PipelineError, RecipeError, SourceError, StateError
     from .graph.explain import ValidationReport
     from .loader import ZephonLoader, build_loader, lanes_of_rank
+    from .origins import PROVENANCE_COLUMNS
     from .ops.base import Accumulator, LaneContext, Merge, Transform
     from .ops.schedule import Schedule
     from .pipeline import Pipeline, tokenizer
     from .plan import WorkPlan
+    from .provenance.diff import DiffReport, diff
+    from .provenance.locate import Landing, Location, locate
+    from .provenance.segments import Segment
+    from .provenance.trace import trace
     from .recipe.parse import Recipe, load_recipe, recipe_from_dict
     from .recipe.references import load_pipeline
     from .records import IGNORE, Doc, Flush

@@ -73,6 +73,23 @@ def permute_index(i: int, n: int, key: int) -> int:
             return x
 
 
+def inverse_index(x: int, n: int, key: int) -> int:
+    """The ``i`` with ``permute_index(i, n, key) == x``: the Feistel rounds undone in reverse order, walking
+    the cycle backwards until it lands in ``[0, n)`` (where the forward walk started)."""
+    if not 0 <= x < n:
+        raise IndexError(f"index {x} is outside [0, {n})")
+    if n == 1:
+        return 0
+    half, mask = _domain(n)
+    while True:
+        left, right = x >> half, x & mask
+        for rnd in reversed(range(_ROUNDS)):
+            left, right = right ^ (mix64(key, rnd, left) & mask), left
+        x = (left << half) | right
+        if x < n:
+            return x
+
+
 def permutation(n: int, key: int) -> np.ndarray:
     """The whole permutation ``[permute_index(i, n, key) for i in range(n)]`` as an int64 array."""
     return np.fromiter((permute_index(i, n, key) for i in range(n)), dtype=np.int64, count=n)

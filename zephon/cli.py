@@ -5,6 +5,9 @@
     zephon run recipes/quickstart.toml --world-size 8 --rank 3 --steps 50 --save-state s.json
     zephon run recipes/quickstart.toml --world-size 4 --rank 1 --steps 50 --resume s.json
     zephon verify recipes/quickstart.toml --world-sizes 1,8,16,32 --steps 20 --resume-at 9
+    zephon trace recipes/quickstart.toml --step 12 --row 5   # the documents in row 5 of step 12
+    zephon locate recipes/quickstart.toml --source web --file part-0003.parquet --record 31
+    zephon diff recipes/quickstart.toml other.toml --steps 200 --plot diff.png
 
 Global steps are numbered from 0 everywhere, as ``loader.step`` counts delivered batches and
 ``set_mixture(at_step=)`` and mixture schedules use them: step ``s`` is the ``(s+1)``-th global batch.
@@ -391,18 +394,89 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 
 # -- inspect ----------------------------------------------------------------------------------------
-def _coordinate(fmt: str, path: str) -> str:
-    if fmt == "webdataset":
-        return "samples"  # samples of a tar shard (zephon/readers/webdataset.py)
-    if fmt in ("parquet", "vortex", "mds", "litdata", "lance", "arrow", "hf", "memory"):
-        return "rows"  # MDS / LitData: samples of a shard; Lance: rows of a fragment; Arrow, hf: rows of a file
-    from .readers.jsonl import compression_of
+def _pipeline_of(path: str) -> Any:
+    from .recipe.parse import load_recipe
 
-    return "lines" if compression_of(path) else "bytes"
+    if not Path(path).is_file():
+        raise CliError(f"recipe not found: {path}")
+    return load_recipe(path).to_pipeline()
+
+
+def _short(text: str | None, width: int) -> str:
+    if text is None:
+        return ""
+    flat = " ".join(text.split())
+    return flat if len(flat) <= width else flat[:width - 3] + "..."
+
+
+def cmd_trace(args: argparse.Namespace) -> int:
+    from .provenance.trace import trace
+
+    pipe = _pipeline_of(args.recipe)
+    state = _load_states(args.state)[0] if args.state else None
+    t0 = time.perf_counter()
+    segments = trace(pipe, args.step, args.row, state=state, num_workers=args.num_workers)
+    took = time.perf_counter() - t0
+    if args.json:
+        _out(json.dumps([seg.to_dict(args.token_ids) for seg in segments], indent=1))
+        return EXIT_OK
+    _out(f"step {args.step}, rows {_lane_ranges({seg.row for seg in segments}) or '-'}: {len(segments)} segments "
+         f"({took:.2f} s, from {'the state at step ' + str(state['step']) if state else 'the start'})")
+    for seg in segments:
+        images = f" [{len(seg.images)} image(s): {', '.join(str(i.get('grid_thw') or i.get('shape')) for i in seg.images)}]" \
+            if seg.images else ""
+        _out(f"  row {seg.row:>4} seg {seg.segment:>3}  {seg.source}  {seg.file}  {seg.coord} {seg.record}  "
+             f"tokens {seg.tokens[0]}..{seg.tokens[1]}{images}  {_short(seg.text, args.width)!r}")
+    return EXIT_OK
+
+
+def cmd_locate(args: argparse.Namespace) -> int:
+    from .provenance.locate import locate
+
+    pipe = _pipeline_of(args.recipe)
+    state = _load_states(args.state)[0] if args.state else None
+    t0 = time.perf_counter()
+    loc = locate(pipe, args.source, args.file, args.record, passes=args.passes, state=state,
+                 num_workers=args.num_workers)
+    took = time.perf_counter() - t0
+    if args.json:
+        _out(json.dumps(loc.to_dict(), indent=1))
+        return EXIT_OK
+    _out(f"source {loc.source}, {loc.file}, {loc.coord} {loc.record}: {loc.tokens} tokens after the stateless "
+         f"operators ({took:.2f} s)")
+    if loc.dropped_by is not None:
+        _out(f"  dropped by operator '{loc.dropped_by}': {loc.reason}")
+    for x in loc:
+        _out(f"  pass {x.pass_no}  step {x.step:>6}  row {x.row:>4}  segment {x.segment:>3}  tokens "
+             f"{x.tokens[0]}..{x.tokens[1]}  (lane {x.lane})")
+    if loc.dropped_by is None and loc.reason:
+        _out(f"  {loc.reason}")
+    return EXIT_OK
+
+
+def cmd_diff(args: argparse.Namespace) -> int:
+    from .provenance.diff import diff
+
+    a, b = _pipeline_of(args.recipe_a), _pipeline_of(args.recipe_b)
+    t0 = time.perf_counter()
+    report = diff(a, b, args.steps, state_a=_load_states(args.state_a)[0] if args.state_a else None,
+                  state_b=_load_states(args.state_b)[0] if args.state_b else None, num_workers=args.num_workers)
+    took = time.perf_counter() - t0
+    if args.json:
+        _out(json.dumps(report.to_dict(), indent=1))
+    else:
+        _out(f"{args.recipe_a} vs {args.recipe_b}, {report.steps} steps ({took:.1f} s)")
+        _out(report.summary())
+    if args.plot:
+        report.plot(args.plot)
+        if not args.json:
+            _out(f"wrote {args.plot}")
+    return EXIT_OK if report.first_step is None else EXIT_MISMATCH
 
 
 def inspect_plan(recipe_path: str, lanes_shown: int = 4, units_shown: int = 3) -> dict[str, Any]:
     """The recipe, its sources' plans and the first units of the first lanes, as plain data."""
+    from .origins import coordinate
     from .plan import WorkPlan
     from .recipe.parse import load_recipe
 
@@ -444,7 +518,7 @@ def inspect_plan(recipe_path: str, lanes_shown: int = 4, units_shown: int = 3) -
                 u = sp.lane_unit(lane, i)
                 path = sp.files[u.file]
                 units.append({"file": names[u.file] if names else os.path.basename(path), "start": u.start,
-                              "end": None if u.end < 0 else u.end, "unit": _coordinate(sp.spec.format, path)})
+                              "end": None if u.end < 0 else u.end, "unit": coordinate(sp.spec.format, path) + "s"})
             per_source[sp.spec.name] = units
         info["lanes_shown"].append({"lane": lane, "units": per_source})
     return info
@@ -601,6 +675,53 @@ def build_parser() -> argparse.ArgumentParser:
                    help="show the mixture schedule for steps 0..N (default: a bit past its last waypoint)")
     p.add_argument("--plot", metavar="PNG", help="also draw the mixture schedule into this PNG (needs matplotlib)")
     p.set_defaults(func=cmd_inspect)
+
+    p = sub.add_parser("trace", help="the documents in rows of a global step: source, file, record, tokens, text",
+                       description="Run only the lanes that hold the rows asked for (from the start, or from a "
+                                   "checkpoint at or before the step) and print each document piece in them: its "
+                                   "source, file (relative to the source's root), record (row or byte offset), "
+                                   "token range within its document, and decoded text.")
+    p.add_argument("recipe", metavar="RECIPE", help="recipe TOML file")
+    p.add_argument("--step", type=_non_negative, required=True, metavar="S", help="global step (from 0)")
+    p.add_argument("--row", type=_int_list, default=None, metavar="R1,R2,...",
+                   help="rows of the global batch (default: every row, which runs every lane)")
+    p.add_argument("--state", metavar="PATH", action="append",
+                   help="a loader state saved at or before the step (repeat for every rank's file)")
+    p.add_argument("--num-workers", type=_non_negative, default=0, metavar="K", help="workers (default: 0)")
+    p.add_argument("--json", action="store_true", help="print the segments as JSON")
+    p.add_argument("--token-ids", action="store_true", help="with --json, include the token ids")
+    p.add_argument("--width", type=_positive, default=60, metavar="N", help="characters of text shown (default: 60)")
+    p.set_defaults(func=cmd_trace)
+
+    p = sub.add_parser("locate", help="every step, row and token range where one record lands",
+                       description="Find which lane reads the record's unit in each pass (closed form), run that "
+                                   "lane only until the record has been delivered, and print each landing; or the "
+                                   "operator that dropped the record.")
+    p.add_argument("recipe", metavar="RECIPE", help="recipe TOML file")
+    p.add_argument("--source", required=True, metavar="NAME", help="the source's name")
+    p.add_argument("--file", required=True, metavar="PATH", help="the file, relative to the source's root")
+    p.add_argument("--record", type=_non_negative, required=True, metavar="N",
+                   help="where the record starts: its row (Parquet, Arrow...) or byte offset (plain JSON Lines), "
+                        "as `zephon trace` shows it")
+    p.add_argument("--passes", type=_positive, default=1, metavar="P", help="passes over the source (default: 1)")
+    p.add_argument("--state", metavar="PATH", action="append", help="start from this loader state")
+    p.add_argument("--num-workers", type=_non_negative, default=0, metavar="K", help="workers (default: 0)")
+    p.add_argument("--json", action="store_true", help="print the location as JSON")
+    p.set_defaults(func=cmd_locate)
+
+    p = sub.add_parser("diff", help="where two recipes' streams part, and each one's delivered tokens per source",
+                       description="Run both recipes side by side and report the first global step whose batches "
+                                   "differ, the lanes that differ there, and each source's delivered tokens per "
+                                   "step in both. Exit status 1 when they differ.")
+    p.add_argument("recipe_a", metavar="A", help="recipe TOML file")
+    p.add_argument("recipe_b", metavar="B", help="recipe TOML file")
+    p.add_argument("--steps", type=_positive, default=100, metavar="N", help="global steps to compare (default: 100)")
+    p.add_argument("--state-a", metavar="PATH", action="append", help="start A from this loader state")
+    p.add_argument("--state-b", metavar="PATH", action="append", help="start B from this loader state")
+    p.add_argument("--num-workers", type=_non_negative, default=0, metavar="K", help="workers (default: 0)")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.add_argument("--plot", metavar="PNG", help="draw the delivered tokens per source of both into this PNG")
+    p.set_defaults(func=cmd_diff)
     return parser
 
 

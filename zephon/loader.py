@@ -14,6 +14,7 @@ from torchdata.nodes import BaseNode
 
 from .batches.buffers import UNPOOLED, BatchBuffers
 from .batches.packed import collate
+from .batches.provenance import provenance_tensor
 from .batches.records import collate_records
 from .engine.counters import LaneCounters
 from .engine.executors import Executor
@@ -24,6 +25,7 @@ from .engine.lane import lane_depth
 from .engine.tokenizer_pool import uses_hf_tokenizer
 from .errors import StateError
 from .graph.program import CompiledPipeline
+from .origins import PROVENANCE_KEY
 from .records import IGNORE
 from .state.checkpoint import STATE_FORMAT, STATE_VERSION, check_compatible, check_container, seal, unwrap_state
 from .state.lane import LaneState
@@ -109,12 +111,15 @@ class ZephonLoader:
                  program: CompiledPipeline | None = None, text_map: Callable | None = None,
                  text_filter: Callable | None = None, plan: Any = None, group: Any = None,
                  address: str | None = None, ray_options: Mapping[str, Any] | None = None,
-                 reuse_batch_memory: bool = True, steps_ahead: int | None = None) -> None:
+                 reuse_batch_memory: bool = True, steps_ahead: int | None = None,
+                 lanes: range | None = None) -> None:
         self.group = group  # the data-parallel process group (finite sources: the ranks agree on the end)
         self._ended = False
         self.pipeline = pipeline_of(pipeline, text_map, text_filter)  # plugins read its seq_len and operators
         self.rank, self.world_size = rank, world_size
-        self.lanes = lanes_of_rank(self.pipeline.lanes, rank, world_size)
+        # lanes: a debugging tool's choice of lanes (zephon.provenance), whatever the rank
+        self.lanes = lanes_of_rank(self.pipeline.lanes, rank, world_size) if lanes is None else \
+            _chosen_lanes(lanes, self.pipeline.lanes)
         self.program: CompiledPipeline = program or self.pipeline.compile(plan)
         self.program.plan.check_sources_have_text()  # a source of blank records fails here, not after some steps
         self.fingerprint = self.program.fingerprint
@@ -195,6 +200,9 @@ class ZephonLoader:
         self._ended = bool(state.get("ended", False)) if state is not None else False
         self._ended_states: dict[int, dict] | None = None
         self._delivered = {"rows": 0, "pad": 0, "flush_pad": 0, "docs": 0}  # since this (re)start
+        # tokens (records, without pack()) delivered per source index; the last entry: of no known source (a
+        # document an accumulator rebuilt as a plain dict)
+        self._delivered_by_source = [0] * (len(self.program.names) + 1)
         self._initialized = True
         self._started = time.perf_counter()
         self._tokens_at_start = self._delivered_tokens()
@@ -243,11 +251,18 @@ class ZephonLoader:
         self.step += 1
         d = self._delivered
         d["rows"] += len(rows)
+        by_source = self._delivered_by_source
         for row in rows:
             d["pad"] += row.free
             if row.flushed:
                 d["flush_pad"] += row.free
             d["docs"] += documents_ended(row)
+            sources = getattr(row, "sources", None)
+            if sources is not None:
+                for s, n in zip(sources, row.seg_lens):
+                    by_source[s] += n  # -1: unknown, the last entry
+            elif row.fill:
+                by_source[getattr(row.record, "source", -1)] += 1
         if isinstance(self._host, StepsAhead):
             made = self._host.take_batch(rows)
             # the memory pool belongs to the thread that collates ahead: never collate into it from here
@@ -258,8 +273,31 @@ class ZephonLoader:
         """The batch of a step's rows (on the trainer's thread, or on the thread that computes steps ahead)."""
         buffers = self._buffers if buffers is None else buffers
         if self.program.records:
-            return collate_records(rows, self.program.stack, buffers)
-        return collate(rows, self.program.seq_len, self.pad_id, self.program.pad_values, self.program.images, buffers)
+            batch = collate_records(rows, self.program.stack, buffers)
+        else:
+            batch = collate(rows, self.program.seq_len, self.pad_id, self.program.pad_values, self.program.images,
+                            buffers)
+        if self.program.provenance:
+            batch[PROVENANCE_KEY] = provenance_tensor(rows, self.lanes.start * self.program.rows_per_lane,
+                                                      self.program.records)
+        return batch
+
+    def _advance(self, steps: int) -> None:
+        """Go ``steps`` steps on without collating their batches (the debugging tools of
+        :mod:`zephon.provenance`: the steps before the one they look at).
+
+        Raises:
+            StopIteration: the data ended first (finite sources).
+        """
+        for _ in range(steps):
+            rows, ok = self._prepare_step()
+            if not self._agree(ok):
+                self._ended = True
+                self._ended_states = self._before_step
+                raise StopIteration
+            self.step += 1
+            if isinstance(self._host, StepsAhead):
+                self._host.take_batch(rows)
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         while True:
@@ -402,6 +440,9 @@ class ZephonLoader:
           ``IGNORE``, or one record of a pipeline without ``pack()``); a document cut over two rows counts
           once, in the row that holds its end. Fresh from the start, ``docs_delivered <= docs_taken``
           unless an operator after the mixer makes more documents than it is given.
+        - ``mixture_delivered_share``: each source's share of the tokens in the delivered batches (records, for a
+          pipeline without ``pack()``): the realised mixture, which follows ``mixture_weights`` with the lag of
+          what the lanes hold; ``source_token_share`` is the share of what the lanes *took*.
         - ``docs``: deprecated alias of ``docs_taken`` (kept for readers of the old name, e.g.
           scripts/bench/cadence.py).
         """
@@ -430,11 +471,24 @@ class ZephonLoader:
             "source_token_share": {k: v / max(1, total.doc_tokens) for k, v in total.source_tokens.items()},
             "mixture_weights": self.mixture_weights(self.step),
             "mixture_recent_share": _shares(_recent(per_lane.values())),
+            "mixture_delivered_share": self._delivered_share(),
             "lanes": {lane: {"sentinels": states[lane]["sentinels"], "units": c.units} for lane, c in per_lane.items()},
             # large batch tensors written into an earlier batch's released memory, or into new memory (a
             # trainer that keeps batches makes the pool allocate: zephon/batches/buffers.py)
             "batch_memory": {"reused": self._buffers.reused, "allocated": self._buffers.allocated},
         }
+
+    def _delivered_share(self) -> dict[str, float]:
+        """Each source's share of the tokens (records, without ``pack()``) in this rank's delivered batches since
+        the last (re)start: the realised mixture ("unknown": pieces an accumulator of yours rebuilt as plain
+        dicts)."""
+        counts = getattr(self, "_delivered_by_source", None)
+        if not counts:
+            return {}
+        named = dict(zip(self.program.names, counts))
+        if counts[-1]:
+            named["unknown"] = counts[-1]
+        return _shares(named)
 
     def mixture_weights(self, step: int) -> dict[str, float]:
         """The weights in force at ``step`` (schedule, then interventions), normalised."""
@@ -457,6 +511,12 @@ class ZephonLoader:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+
+def _chosen_lanes(lanes: Any, total: int) -> range:
+    if not isinstance(lanes, range) or lanes.step != 1 or not 0 <= lanes.start < lanes.stop <= total:
+        raise ValueError(f"lanes={lanes!r}: a range of consecutive lanes within [0, {total})")
+    return lanes
 
 
 def documents_ended(row: Any) -> int:

@@ -118,11 +118,19 @@ class Pipeline:
 
     def replace(self, *, seed: int | None = None, lanes: int | None = None, flush_every: int | None = None,
                 batch_per_lane: int | None = None, flush_by: str | None = None, pixels: str | None = None,
-                positions: str | None = None) -> "Pipeline":
-        """A copy with other top-level settings (each makes a different run: they are fingerprinted).
+                positions: str | None = None, provenance: bool | None = None) -> "Pipeline":
+        """A copy with other top-level settings (each makes a different run, they are fingerprinted; but for
+        ``provenance``, which only adds the ``provenance`` key to every batch).
+
+        Args:
+            seed, lanes, flush_every, flush_by: as for :class:`Pipeline`; None keeps this pipeline's.
+            batch_per_lane, pixels, positions, provenance: the ``batch()`` operator's (None: keep).
 
         Returns:
             The new pipeline; this one is unchanged.
+
+        Raises:
+            PipelineError: a ``batch()`` setting is given but the pipeline has no ``batch()``.
         """
         new = copy.copy(self)
         new._compiled = None
@@ -130,13 +138,15 @@ class Pipeline:
                          flush_every=self.flush_every if flush_every is None else flush_every,
                          flush_by=self.flush_by if flush_by is None else flush_by)
         new.seed, new.lanes, new.flush_every, new.flush_by = fresh.seed, fresh.lanes, fresh.flush_every, fresh.flush_by
-        if batch_per_lane is not None or pixels is not None or positions is not None:
+        if batch_per_lane is not None or pixels is not None or positions is not None or provenance is not None:
             last = self._ops[-1] if self._ops else None
             if not isinstance(last, Batch):
-                raise PipelineError("replace(batch_per_lane=, pixels=, positions=): the pipeline has no batch()")
+                raise PipelineError("replace(batch_per_lane=, pixels=, positions=, provenance=): the pipeline has "
+                                    "no batch()")
             new._ops = self._ops[:-1] + (Batch(last.rows_per_lane if batch_per_lane is None else batch_per_lane,
                                                last.partial, pixels=pixels or last.pixels,
-                                               positions=positions or last.positions, stack=last.stack),)
+                                               positions=positions or last.positions, stack=last.stack,
+                                               provenance=last.provenance if provenance is None else provenance),)
         return new
 
     @property
@@ -383,11 +393,23 @@ class Pipeline:
                                   max_patches_per_row))
 
     def batch(self, rows_per_lane: int = 1, partial: str = "drop", *, pixels: str = "flat",
-              positions: str = "1d", stack: Sequence[str] = ()) -> "Pipeline":
+              positions: str = "1d", stack: Sequence[str] = (), provenance: bool = False) -> "Pipeline":
         """Each lane adds ``rows_per_lane`` rows to every global batch (global batch = lanes x this); the
-        last operator. See :class:`zephon.ops.batch.Batch` for ``partial``, ``pixels``, ``positions`` and
-        ``stack``."""
-        return self._with(op=Batch(rows_per_lane, partial, pixels=pixels, positions=positions, stack=tuple(stack)))
+        last operator.
+
+        Args:
+            rows_per_lane: rows each lane gives every step.
+            partial: ``"drop"`` or ``"pad"`` the last global batch some lanes cannot fill (sources that stop).
+            pixels: how packed batches carry images (``"flat"``, ``"fixed"``, ``"lists"``).
+            positions: ``"1d"`` or ``"mrope"``.
+            stack: without ``pack()``, the record fields batched as one tensor each.
+            provenance: add a ``provenance`` tensor (where each segment comes from: :mod:`zephon.origins`).
+
+        Returns:
+            The pipeline with ``batch`` appended (see :class:`zephon.ops.batch.Batch`).
+        """
+        return self._with(op=Batch(rows_per_lane, partial, pixels=pixels, positions=positions, stack=tuple(stack),
+                                   provenance=provenance))
 
     # -- what the rest of Zephon reads ------------------------------------------------------------------------
     def _find(self, cls: type) -> Any:

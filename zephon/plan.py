@@ -17,6 +17,7 @@ other lanes' units. Worked example, ``U = 3`` units, ``L = 2`` lanes::
 
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass
 from typing import Any, Iterator
@@ -24,10 +25,11 @@ from typing import Any, Iterator
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
-from ._perm import mix64, permute_index, stable_key
+from ._perm import inverse_index, mix64, permute_index, stable_key
 from .read import ReadSpec
 from .readers import INDEXED_READERS, Reader, SELF_LISTED, Unit, list_own_files, make_reader
 from .errors import SourceError
+from .origins import pattern_root, relative_file, source_root
 from .readers import hf as hf_folders
 from .readers.base import RawChunk, is_blank, path_not_found
 from .specs import StorageSpec
@@ -225,6 +227,22 @@ class SourcePlan:
         except Exception:  # noqa: BLE001 - an unreadable file is the lane's to report (see above)
             return None
 
+    @functools.cached_property
+    def root(self) -> str:
+        """The folder provenance names this source's files relative to (:func:`zephon.origins.source_root`)."""
+        if self.spec.format in SELF_LISTED:
+            return source_root([pattern_root(p, True) for p in self.spec.path])
+        roots = []
+        for pattern in self.spec.path:
+            fs_i, path = url_to_fs(pattern, self.spec, self.storage)
+            globbed = any(c in path for c in "*?[")
+            roots.append(pattern_root(path, not globbed and fs_i.isdir(path)))
+        return source_root(roots)
+
+    def relative(self, path: str) -> str:
+        """``path`` (one of :attr:`files`) relative to :attr:`root`."""
+        return relative_file(path, self.root)
+
     def make_reader(self) -> Reader:
         """A new reader of this source (for another process: see :class:`ReaderFactory`)."""
         return ReaderFactory(self.spec, self.storage)()
@@ -289,6 +307,26 @@ class SourcePlan:
     def lane_unit(self, lane: int, i: int) -> Unit:
         """The ``i``-th unit (0-based) that ``lane`` reads from this source."""
         return self.unit_at(self.stream_position(lane, i))
+
+    def where_read(self, unit: int, pass_no: int) -> tuple[int, int]:
+        """Which lane reads unit ``self.units[unit]`` in pass ``pass_no`` (0-based), and as its how-manyth unit:
+        ``(lane, i)`` with ``lane_unit(lane, i) is self.units[unit]``. Closed form (the inverses of
+        :meth:`unit_at` and :meth:`stream_position`), for :func:`zephon.locate`."""
+        n = len(self.units)
+        position = pass_no * n + inverse_index(unit, n, mix64(self.seed, self.key, _ORDER, pass_no))
+        i, slot = divmod(position, self.lanes)
+        return inverse_index(slot, self.lanes, mix64(self.seed, self.key, _ROUTE, i)), i
+
+    def unit_of(self, path: str, cursor: int) -> int:
+        """The index in :attr:`units` of the unit of file ``path`` that holds reader cursor ``cursor`` (-1: none)."""
+        try:
+            f = self.files.index(path)
+        except ValueError:
+            return -1
+        for k, unit in enumerate(self.units):
+            if unit.file == f and unit.start <= cursor and (unit.end < 0 or cursor < unit.end):
+                return k
+        return -1
 
     def lane_units(self, lane: int, passes: int) -> int:
         """How many units ``lane`` reads when the source stops after ``passes`` passes: its units whose

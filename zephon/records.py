@@ -41,22 +41,34 @@ LOSS_MASK = "loss_mask"
 
 
 class Doc(dict):
-    """A document in a lane: a dict of fields, plus its last label (``tail``) and its source index.
+    """A document in a lane: a dict of fields, plus its last label (``tail``), its source index and, when
+    the pipeline records provenance, its ``origin``.
 
-    ``Doc`` is a plain ``dict`` to every operator; ``copy()`` keeps ``tail`` and ``source``. A record
-    rebuilt as a new ``dict`` (``{**doc, ...}``) is still accepted downstream, with ``tail`` taken as
-    ``IGNORE`` (a document end) and no source.
+    ``Doc`` is a plain ``dict`` to every operator; ``copy()`` keeps ``tail``, ``source`` and ``origin``. A
+    record rebuilt as a new ``dict`` (``{**doc, ...}``) is still accepted downstream, with ``tail`` taken as
+    ``IGNORE`` (a document end), no source and no origin.
+
+    ``origin`` (:mod:`zephon.origins`): ``(file_id, record, token_start)``, the file the document was read
+    from, where its record starts there, and where its tokens start within the record's document (0 unless
+    it is a piece of a longer one); None when provenance is off or unknown.
     """
 
-    __slots__ = ("tail", "source")
+    __slots__ = ("tail", "source", "origin")
 
-    def __init__(self, fields: Mapping[str, Any] = (), tail: int = IGNORE, source: int = -1) -> None:
+    def __init__(self, fields: Mapping[str, Any] = (), tail: int = IGNORE, source: int = -1,
+                 origin: tuple[int, int, int] | None = None) -> None:
         super().__init__(fields)
         self.tail = tail
         self.source = source
+        self.origin = origin
 
     def copy(self) -> "Doc":
-        return Doc(self, self.tail, self.source)
+        """A shallow copy that keeps ``tail``, ``source`` and ``origin``.
+
+        Returns:
+            The new document (its values are the same objects).
+        """
+        return Doc(self, self.tail, self.source, doc_origin(self))
 
     def __repr__(self) -> str:
         inner = ", ".join(f"{k}={_short(v)}" for k, v in self.items())
@@ -78,6 +90,15 @@ def doc_source(record: Any) -> int:
     return getattr(record, "source", -1)
 
 
+def doc_origin(record: Any, shift: int = 0) -> tuple[int, int, int] | None:
+    """A document's ``origin`` (None for a plain dict or when provenance is off), its token start moved
+    ``shift`` tokens on: the origin of the piece of it that starts at token ``shift``."""
+    origin = getattr(record, "origin", None)
+    if origin is None or not shift:
+        return origin
+    return origin[0], origin[1], origin[2] + shift
+
+
 def doc_length(record: Mapping[str, Any]) -> int:
     """Tokens of a document (the length of its ``input_ids``)."""
     return len(record[INPUT_IDS])
@@ -86,7 +107,9 @@ def doc_length(record: Mapping[str, Any]) -> int:
 def cut_doc(doc: Mapping[str, Any], k: int, token_fields: Sequence[str]) -> tuple[Doc, Doc]:
     """Split a document after its ``k``-th token: the head's tail label is the next token (the
     document goes on), the rest keeps the original tail. Payloads go with both pieces."""
-    head, rest = Doc(doc, int(doc[INPUT_IDS][k]), doc_source(doc)), Doc(doc, doc_tail(doc), doc_source(doc))
+    source = doc_source(doc)
+    head = Doc(doc, int(doc[INPUT_IDS][k]), source, doc_origin(doc))
+    rest = Doc(doc, doc_tail(doc), source, doc_origin(doc, k))
     for name in token_fields:
         if name in doc:
             values = doc[name]
@@ -187,6 +210,10 @@ class Chunk:
     coord: str = "record"  # what a cursor counts in this source ("row", "byte", "line"), for messages
     skip_pending: int = 0  # records a resumed lane already delivered: dropped after the last stage
     source_name: str = ""  # the source's name (``source`` is its index), for messages
+    # provenance (zephon.origins), only when the pipeline records it: each record's (record start cursor,
+    # token start within its document), int64 [n, 2], and the id of the chunk's file
+    origin: np.ndarray | None = None
+    file_id: int = -1
 
     @property
     def n(self) -> int:
@@ -230,7 +257,19 @@ class Chunk:
         return replace(self, columns={k: _take(v, keep) for k, v in self.columns.items()},
                        resume_cursor=cursor, resume_skip=skip,
                        skipped=self.skipped + self.n - len(keep), token_fields=tf, offsets=offsets,
-                       tails=None if self.tails is None else self.tails[keep])
+                       tails=None if self.tails is None else self.tails[keep],
+                       origin=None if self.origin is None else self.origin[keep])
+
+    def expand_origin(self, counts: np.ndarray, token_starts: np.ndarray | None = None) -> None:
+        """Provenance of the records made when record ``j`` becomes ``counts[j]`` records (as :meth:`expand`):
+        each keeps its input record's origin; ``token_starts`` (split): where each new record's tokens start
+        within the input record's, added to its token start. A no-op when provenance is off."""
+        if self.origin is None:
+            return
+        origin = np.repeat(self.origin, np.asarray(counts, dtype=np.int64), axis=0)
+        if token_starts is not None:
+            origin[:, 1] += token_starts
+        self.origin = origin
 
     def expand(self, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Resume points of the records made when record ``j`` becomes ``counts[j]`` records.
@@ -280,10 +319,12 @@ class Chunk:
         return out
 
     def docs(self) -> Iterator[Doc]:
-        """The chunk's documents as :class:`Doc` objects (tail labels and source index attached)."""
+        """The chunk's documents as :class:`Doc` objects (tail labels, source index and origin attached)."""
         tails = self.tails.tolist() if self.tails is not None else None
+        origin = self.origin.tolist() if self.origin is not None else None
         for j, rec in enumerate(self.records()):
-            yield Doc(rec, IGNORE if tails is None else tails[j], self.source)
+            yield Doc(rec, IGNORE if tails is None else tails[j], self.source,
+                      None if origin is None else (self.file_id, *origin[j]))
 
 
 def columns_from_records(records: Sequence[Mapping[str, Any]], token_fields: Sequence[str] = ()
@@ -332,25 +373,29 @@ class Flush:
 
 class Row:
     """One packed row of at most ``seq_len`` tokens: every per-token field side by side, the lengths,
-    tail labels and payloads of its documents (pieces)."""
+    tail labels, sources and payloads of its documents (pieces), and their origins when ``provenance``."""
 
-    __slots__ = ("buffers", "tokens", "fill", "free", "seg_lens", "tails", "payloads", "flushed", "n_images",
-                 "n_patches")
+    __slots__ = ("buffers", "tokens", "fill", "free", "seg_lens", "tails", "sources", "origins", "payloads",
+                 "flushed", "n_images", "n_patches")
 
-    def __init__(self, seq_len: int, buffers: dict[str, np.ndarray] | None = None) -> None:
+    def __init__(self, seq_len: int, buffers: dict[str, np.ndarray] | None = None, provenance: bool = False) -> None:
         self.buffers = buffers if buffers is not None else {INPUT_IDS: np.empty(seq_len, dtype=np.int32)}
         self.tokens = self.buffers[INPUT_IDS]
         self.fill = 0
         self.free = seq_len
         self.seg_lens: list[int] = []
         self.tails: list[int] = []
+        self.sources: list[int] = []  # each piece's source index (-1: unknown), for the realised mixture
+        # each piece's (file_id, record, token_start) or None (zephon.origins): only when the pipeline records it
+        self.origins: list[tuple[int, int, int] | None] | None = [] if provenance else None
         self.payloads: list[dict[str, Any]] | None = None
         self.flushed = False  # closed by a flush sentinel (its padding is a sentinel cost)
         self.n_images = self.n_patches = 0  # the images its documents carry (kept by the packer, for its limits)
 
-    def _append(self, ids: np.ndarray, tail: int, payload: dict[str, Any] | None) -> None:
+    def _append(self, ids: np.ndarray, tail: int, payload: dict[str, Any] | None, doc: Any = None, a: int = 0) -> None:
         """Append ``input_ids`` at ``fill`` (the other per-token fields are already written there), the
-        piece's length, tail label and payload (None or empty: none)."""
+        piece's length, tail label, source and payload (None or empty: none), and its origin (the piece
+        starts at token ``a`` of ``doc``) when the row records provenance."""
         n = len(ids)
         f = self.fill
         self.tokens[f:f + n] = ids
@@ -358,6 +403,9 @@ class Row:
         self.free -= n
         self.seg_lens.append(n)
         self.tails.append(tail)
+        self.sources.append(getattr(doc, "source", -1))
+        if self.origins is not None:
+            self.origins.append(doc_origin(doc, a))
         if payload:
             if self.payloads is None:
                 self.payloads = [{} for _ in range(len(self.seg_lens) - 1)]
@@ -380,13 +428,15 @@ class Row:
                     buf[f:f + n] = defaults[name]  # type: ignore[index]
         # a text document has input_ids alone: no payload
         payload = {k: v for k, v in doc.items() if k not in fieldset} if len(doc) > 1 else None
-        self._append(doc[INPUT_IDS][a:b], tail, payload)
+        self._append(doc[INPUT_IDS][a:b], tail, payload, doc, a)
 
     def segments(self) -> list[Doc]:
-        """The row's pieces as documents (views of its buffers), in row order."""
+        """The row's pieces as documents (views of its buffers), in row order, with their sources and
+        origins."""
         out, a = [], 0
         for i, (n, tail) in enumerate(zip(self.seg_lens, self.tails)):
-            doc = Doc(self.payloads[i] if self.payloads else (), tail)
+            doc = Doc(self.payloads[i] if self.payloads else (), tail, self.sources[i],
+                      self.origins[i] if self.origins is not None else None)
             for name, buf in self.buffers.items():
                 doc[name] = buf[a:a + n]
             out.append(doc)

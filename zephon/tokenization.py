@@ -358,6 +358,32 @@ class Tokenizer:
             return b.id_to_piece(token_id)
         return b.decode([token_id])
 
+    def decode(self, ids: Sequence[int]) -> str:
+        """The text of a sequence of token ids, special tokens written out (for people: ``zephon trace``).
+
+        Args:
+            ids: token ids of this tokenizer (a piece of a document may start or end inside a character:
+                its bytes are shown as the replacement character).
+
+        Returns:
+            The decoded text.
+        """
+        ids = [int(i) for i in ids]
+        kind, b = self.spec.kind, self._backend
+        if kind == "huggingface":
+            return b.decode(ids, skip_special_tokens=False)
+        if kind == "sentencepiece":  # sentencepiece drops control tokens (BOS, EOS) from text: write their names
+            parts: list[str] = []
+            run: list[int] = []
+            for i in ids:
+                if b.is_control(i):
+                    parts += [b.decode(run), b.id_to_piece(i)]
+                    run = []
+                else:
+                    run.append(i)
+            return "".join(parts + [b.decode(run)])
+        return b.decode_bytes(ids).decode("utf-8", "replace")
+
     # -- the batched call -----------------------------------------------------------------------
     def encode(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
         """Tokenize ``texts``; returns ``(tokens int32 [T], offsets int64 [n+1])`` with EOS/BOS added."""

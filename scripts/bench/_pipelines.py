@@ -290,17 +290,27 @@ def zephon_recipe(data: Path, algorithm: str | None = None, **changes: Any):
 
 def build_zephon(data: Path, batch: int, seq_len: int, workers: int = 0, runner: str = "thread",
                  algorithm: str = "best_fit", holder: dict | None = None, prefetch: int | None = None,
-                 flush_by: str | None = None, **_: Any):
+                 flush_by: str | None = None, provenance: bool = False, **_: Any):
     import zephon
 
-    recipe = zephon_recipe(data, algorithm, **({"flush_by": flush_by} if flush_by else {}))
+    changes: dict[str, Any] = {"flush_by": flush_by} if flush_by else {}
+    if provenance:
+        changes["provenance"] = True
+    recipe = zephon_recipe(data, algorithm, **changes)
     if recipe.global_batch_size != batch or recipe.seq_len != seq_len:
         raise ValueError(f"the recipe makes [{recipe.global_batch_size}, {recipe.seq_len}] batches, "
                          f"the benchmark expects [{batch}, {seq_len}]")
     loader = zephon.build_loader(recipe, rank=0, world_size=1, num_workers=workers, runner=runner, prefetch=prefetch)
     if holder is not None:
         holder["loader"] = loader
+    if provenance:  # built and timed with the batch; left out of the batch hash, which the others are compared on
+        return (_without(b, "provenance") for b in loader), loader.close, {}
     return iter(loader), loader.close, {}
+
+
+def _without(batch: dict, key: str) -> dict:
+    assert key in batch
+    return {k: v for k, v in batch.items() if k != key}
 
 
 BUILDERS: dict[str, Callable] = {

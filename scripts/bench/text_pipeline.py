@@ -97,7 +97,8 @@ def extra_configs() -> list[dict[str, Any]]:
     """Not run by default (--extra): the tokenizer alone on one helper thread with a second call queued
     behind the running one, and with 64 documents a call (Zephon's ``chunk_rows``) on one and two
     threads; Grain with read threads instead of processes; Zephon's 2-worker thread and pool runners
-    with 4 chunks per source in flight instead of 2; 1-worker configurations pinned to one CPU."""
+    with 4 chunks per source in flight instead of 2; Zephon with ``batch(provenance=True)`` (the tensor built
+    and timed, left out of the batch hash); 1-worker configurations pinned to one CPU."""
     return [{"name": "tokenizer_alone_thread_queued", "kind": "tokenizer_alone", "workers": 0,
              "runner": "helper thread, 2 calls queued", "params": {"threads": 1, "in_flight": 2}},
             {"name": "tokenizer_alone_thread_64", "kind": "tokenizer_alone", "workers": 0,
@@ -109,6 +110,9 @@ def extra_configs() -> list[dict[str, Any]]:
              "params": {"packing": p, "workers": 0, "read_threads": t}} for p in ("concat", "firstfit") for t in (2,)] + \
            [{"name": f"zephon_best_fit_2_{r}_prefetch4", "kind": "zephon", "workers": 2, "runner": r,
              "params": {"algorithm": "best_fit", "workers": 2, "runner": r, "prefetch": 4}} for r in ("thread", "pool")] + \
+           [{"name": f"zephon_{a}_{w}_{r}_provenance", "kind": "zephon", "workers": w, "runner": r,
+             "params": {"algorithm": a, "workers": w, "runner": r, "provenance": True}}
+            for a in ("best_fit", "wrap") for w, r in ((0, "inline"), (2, "thread"))] + \
            one_cpu_configs()
 
 

@@ -19,6 +19,8 @@ from typing import Any, Mapping
 
 import torch
 
+from ..origins import PROVENANCE_KEY
+
 
 def select_rows(batch: Mapping[str, Any], rows: slice) -> dict[str, Any]:
     """Rows ``rows`` (a step-1 slice) of a batch from :func:`zephon.collate.collate`, every key included.
@@ -30,7 +32,8 @@ def select_rows(batch: Mapping[str, Any], rows: slice) -> dict[str, Any]:
     Per-row tensors (``[B, ...]``) and payload lists are sliced; ``cu_seqlens`` keeps the boundaries
     inside the rows, shifted to 0; mrope ``position_ids`` ``[3, B, S]`` are sliced on their batch
     dimension; flat images (``image_row``) keep the images of those rows with their patches and row numbers
-    relative to the first row; fixed images keep the rows' slots (``B * max_images_per_row`` of them).
+    relative to the first row; fixed images keep the rows' slots (``B * max_images_per_row`` of them);
+    ``provenance`` keeps the entries of those rows, with their global row numbers.
     """
     if "input_ids" not in batch:
         raise ValueError("select_rows: a batch of token rows (with input_ids) is expected; a batch of record "
@@ -44,6 +47,10 @@ def select_rows(batch: Mapping[str, Any], rows: slice) -> dict[str, Any]:
     for key, value in batch.items():
         if key in images:
             out[key] = images[key]
+        elif key == PROVENANCE_KEY:  # entries by global row, every row has one, in order: rows lo:hi's are a run
+            first = int(value[0, 0]) if len(value) else 0
+            keep = (value[:, 0] >= first + lo) & (value[:, 0] < first + hi)
+            out[key] = value[keep]
         elif key == "cu_seqlens":
             keep = (value >= lo * S) & (value <= hi * S)
             out[key] = value[keep] - lo * S

@@ -282,6 +282,8 @@ class SourceStream:
         self._ids = chunk.token_fields.get(INPUT_IDS)
         self._more_tokens = [(k, v) for k, v in chunk.token_fields.items() if k != INPUT_IDS]
         self._payloads = list(chunk.columns.items())
+        self._origins = None if chunk.origin is None else \
+            [(chunk.file_id, record, start) for record, start in chunk.origin.tolist()]
         self._unit_seq, self._n = chunk.unit_seq, chunk.n
         self.watch.document()  # the chunk has documents (an empty one is finished without opening)
 
@@ -334,7 +336,7 @@ class SourceStream:
             self._open(chunk)
         k = self._k
         self._k = k + 1
-        doc = new_doc(Doc)  # fields, tail and source are set below
+        doc = new_doc(Doc)  # fields, tail, source and origin are set below
         offs = self._offs
         if offs is not None:
             a, b = offs[k], offs[k + 1]
@@ -345,6 +347,7 @@ class SourceStream:
             doc[name] = values[k]
         doc.tail = self._tails[k] if self._tails is not None else IGNORE
         doc.source = self.index
+        doc.origin = self._origins[k] if self._origins is not None else None
         if k + 1 == self._n:
             return doc, self._finish(chunk)
         self.position = (self._unit_seq, self._cursors[k], self._skips[k])

@@ -23,6 +23,7 @@ import numpy as np
 
 from ..ops.base import Transform
 from ..readers.base import RawChunk
+from ..origins import file_id, read_origin, relative_file
 from ..records import Chunk, TokenColumn
 from .errors import ResumeMismatch
 
@@ -74,24 +75,29 @@ class StageProgram:
 
     ``readers`` is a list of zero-argument callables, one per source, that build the source's reader in
     the process that needs it (they must be picklable: the plan passes ``functools.partial`` objects).
+    ``roots``: each source's root folder when the pipeline records provenance (:mod:`zephon.origins`;
+    None: it does not, and chunks carry no origin).
     """
 
     def __init__(self, names: Sequence[str], readers: Sequence[Callable[[], Any]],
-                 stages: Sequence[Sequence[Stage]], coords: Sequence[Callable[[str], str]]) -> None:
+                 stages: Sequence[Sequence[Stage]], coords: Sequence[Callable[[str], str]],
+                 roots: Sequence[str] | None = None) -> None:
         self.names = list(names)
         self._make_readers = list(readers)
         self.stages = [list(s) for s in stages]
         self._coords = list(coords)
+        self.roots = None if roots is None else list(roots)
+        self._file_ids: dict[tuple[int, str], int] = {}
         self._readers: list[Any] | None = None
         self._lock = threading.Lock()
         self._ready = False
 
     def __getstate__(self) -> dict:
-        return {k: v for k, v in self.__dict__.items() if k not in ("_readers", "_lock", "_ready")}
+        return {k: v for k, v in self.__dict__.items() if k not in ("_readers", "_lock", "_ready", "_file_ids")}
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
-        self._readers, self._lock, self._ready = None, threading.Lock(), False
+        self._readers, self._lock, self._ready, self._file_ids = None, threading.Lock(), False, {}
 
     def transforms(self) -> list[Transform]:
         return [t for per_source in self.stages for stage in per_source for t in stage.transforms]
@@ -149,10 +155,25 @@ class StageProgram:
         raw: RawChunk = self.reader(source).read(task.path, task.start, task.end)
         n = len(raw.next_cursors)
         columns = raw_columns(raw, self.reader(source))
-        return Chunk(source, task.unit_seq, task.unit_end, task.start, raw.end_cursor, task.path, columns,
-                     np.asarray(raw.next_cursors, dtype=np.int64), np.zeros(n, dtype=np.int64), raw_records=n,
-                     coord=self._coords[source](task.path), skip_pending=task.skip,
-                     source_name=self.names[source])
+        cursors = np.asarray(raw.next_cursors, dtype=np.int64)
+        chunk = Chunk(source, task.unit_seq, task.unit_end, task.start, raw.end_cursor, task.path, columns,
+                      cursors, np.zeros(n, dtype=np.int64), raw_records=n,
+                      coord=self._coords[source](task.path), skip_pending=task.skip,
+                      source_name=self.names[source])
+        if self.roots is not None:
+            first = getattr(raw, "first", None)
+            chunk.origin = read_origin(task.start if first is None else first, cursors)
+            chunk.file_id = self.file_id(source, task.path)
+        return chunk
+
+    def file_id(self, source: int, path: str) -> int:
+        """The provenance id of ``path``, a file of ``source`` (:func:`zephon.origins.file_id`), cached."""
+        key = (source, path)
+        fid = self._file_ids.get(key)
+        if fid is None:
+            assert self.roots is not None
+            fid = self._file_ids[key] = file_id(relative_file(path, self.roots[source]))
+        return fid
 
 
 def raw_columns(raw: RawChunk, reader: Any) -> dict[str, Any]:

@@ -35,6 +35,7 @@ from ..ops.split import Split
 from ..ops.tokenize import Tokenize
 from ..ops.tokenize_chat import TokenizeChat
 from ..ops.tokenize_images import TokenizeImages
+from ..origins import coordinate
 from ..plan import ReaderFactory, WorkPlan
 from ..records import INPUT_IDS
 from .fingerprint import fingerprint, summary
@@ -55,6 +56,7 @@ class CompiledPipeline(LaneProgram):
     weights: dict[str, float] = field(default_factory=dict)  # the mixture's own weights, by source name
     images: Any = None  # zephon.batches.images.ImageBatch: how batches carry images (None: no image keys)
     stack: tuple[str, ...] = ()  # a pipeline without pack(): the record fields batched as tensors
+    provenance: bool = False  # batches carry a provenance tensor (zephon.origins)
 
 
 def _dtype_of(default: Any) -> Any:
@@ -146,7 +148,7 @@ def compile_pipeline(pipe: Any, plan: WorkPlan | None = None) -> CompiledPipelin
             g.after.append(implied)
     schema = token_schema(transforms)
     images = image_batch(transforms, pack, batch)
-    ctx = BindContext(tuple(g.names), tuple(s.weight for s in pipe.sources), schema, pack.limits)
+    ctx = BindContext(tuple(g.names), tuple(s.weight for s in pipe.sources), schema, pack.limits, batch.provenance)
     mix = _mix(g, "tokens", ctx)
     lane_ops = _lane_ops(g, ctx) + [("pack", pack.bind(ctx).make)]
     g.placement += [("pack", "lane: accumulator", "-"), ("batch", f"lane: {batch.rows_per_lane} row(s) per step", "-")]
@@ -174,7 +176,7 @@ def _compile_records(pipe: Any, plan: WorkPlan | None, batch: Batch) -> Compiled
     check_tokens(pipe, g, None)
     transforms = [op for op in pipe.ops if isinstance(op, Transform)]
     schema = token_schema(transforms)
-    ctx = BindContext(tuple(g.names), tuple(s.weight for s in pipe.sources), schema, NO_LIMITS)
+    ctx = BindContext(tuple(g.names), tuple(s.weight for s in pipe.sources), schema, NO_LIMITS, batch.provenance)
     mix = _mix(g, "tokens" if all(_tokenized(ops) for ops in g.per_source) else "documents", ctx)
     lane_ops = _lane_ops(g, ctx) + [("rows", batch.make_rows)]
     g.placement += [("rows", "lane: one record per row", "-"),
@@ -311,9 +313,10 @@ def _lane_fields(pipe: Any, plan: WorkPlan, g: _Graph, ctx: BindContext, merge: 
     the merge, the lane's operators, the cadence and the end of finite data."""
     stages = [_stages([op.bind(ctx) for op in ops]) for ops in g.per_source]
     readers = [ReaderFactory(sp.spec, sp.storage) for sp in plan.sources]  # picklable: workers build their own
-    coords = [partial(_coord, sp.spec.format) for sp in plan.sources]
+    coords = [partial(coordinate, sp.spec.format) for sp in plan.sources]
+    roots = [sp.root for sp in plan.sources] if batch.provenance else None
     return dict(seed=pipe.seed, lanes=pipe.lanes, names=g.names, plan=plan,
-                stages=StageProgram(g.names, readers, stages, coords),
+                stages=StageProgram(g.names, readers, stages, coords, roots), provenance=batch.provenance,
                 stage_kinds=[[st.executor for st in sts] for sts in stages], merge=merge, lane_ops=lane_ops,
                 rows_per_lane=batch.rows_per_lane, flush_every=pipe.flush_every, flush_by=pipe.flush_by,
                 max_empty_units=[2 * len(sp.units) + pipe.lanes for sp in plan.sources],
@@ -370,14 +373,6 @@ def image_batch(ops: list[Transform], pack: Pack, batch: Batch) -> ImageBatch | 
                                 "slots, so the pixel tensor's shape is the same at every step")
         return ImageBatch("fixed", batch.positions, size=tuple(sizes.pop()), slots=pack.max_images_per_row)
     return ImageBatch("lists", batch.positions)
-
-
-def _coord(fmt: str, path: str) -> str:
-    if fmt == "jsonl":
-        from ..readers.jsonl import compression_of
-
-        return "line" if compression_of(path) else "byte"
-    return "row" if fmt in ("parquet", "vortex", "lance", "arrow", "hf", "memory") else "sample"
 
 
 def _tokenizer_pad(ops: list[Operator]) -> int:

@@ -18,7 +18,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 import numpy as np
 
 from ..errors import OperatorError, PipelineError
-from ..records import Chunk, Doc, columns_from_records, doc_tail
+from ..records import Chunk, Doc, columns_from_records, doc_origin, doc_tail
 from .base import Transform, choice, function_id
 
 ON_ERROR = ("raise", "skip")
@@ -81,7 +81,7 @@ def records_of(value: Any, op: FunctionTransform, where: str) -> list[Any]:
 
 
 def keep_doc(old: Any, new: Any) -> Any:
-    """A record rebuilt by a function in the lane keeps its document's tail and source."""
+    """A record rebuilt by a function in the lane keeps its document's tail, source and origin."""
     if isinstance(new, Doc) or not isinstance(old, Doc):
         return new
-    return Doc(new, old.tail, old.source)
+    return Doc(new, old.tail, old.source, doc_origin(old))

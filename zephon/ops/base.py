@@ -47,7 +47,7 @@ import numpy as np
 
 from .._perm import rng_for, stable_key
 from ..errors import PipelineError
-from ..records import IGNORE, Chunk, Doc, TokenColumn, columns_from_records
+from ..records import IGNORE, Chunk, Doc, TokenColumn, columns_from_records, doc_origin
 
 EXECUTOR_KINDS = ("inline", "thread", "process", "ray")
 LONG_TEXT = 256  # a longer string parameter (a template) enters the fingerprint by its SHA-256
@@ -87,12 +87,14 @@ class LaneContext:
 @dataclass(frozen=True)
 class BindContext:
     """What the pipeline around an operator decides and the operator needs at run time: the sources' names and
-    weights, the per-token fields (name -> (dtype, default)) and the packer's per-row image limits."""
+    weights, the per-token fields (name -> (dtype, default)), the packer's per-row image limits and whether
+    the batches carry provenance."""
 
     sources: tuple[str, ...] = ()
     weights: tuple[float, ...] = ()
     token_fields: Mapping[str, tuple[Any, Any]] = field(default_factory=dict)
     limits: Any = None
+    provenance: bool = False  # the batches carry provenance: rows record where each piece comes from
 
 
 # -- descriptions: every parameter as plain data ------------------------------------------------------------
@@ -318,6 +320,7 @@ class Transform(Operator):
         if counts is not None:
             chunk.skipped += int((counts == 0).sum())
             chunk.resume_cursor, chunk.resume_skip = chunk.expand(counts)
+            chunk.expand_origin(counts)
             chunk.tails = None if chunk.tails is None else np.full(len(records), IGNORE, dtype=np.int64)
         chunk.columns, chunk.token_fields, chunk.offsets = columns, token_fields, offsets
         return chunk
@@ -331,9 +334,9 @@ class Transform(Operator):
             if keep is not None:
                 out += [rec] if len(keep) else []
             elif counts is None:
-                out.append(Doc(made[0], getattr(rec, "tail", IGNORE), getattr(rec, "source", -1)))
+                out.append(Doc(made[0], getattr(rec, "tail", IGNORE), getattr(rec, "source", -1), doc_origin(rec)))
             else:
-                out += [Doc(r, IGNORE, getattr(rec, "source", -1)) for r in made]
+                out += [Doc(r, IGNORE, getattr(rec, "source", -1), doc_origin(rec)) for r in made]
         return out
 
     @staticmethod

@@ -44,12 +44,16 @@ class Batch(Operator):
             ``"fixed"`` (``[rows * max_images_per_row, 3, H, W]`` with ``image_mask``) or ``"lists"``.
         positions: ``"1d"``, or ``"mrope"`` for Qwen2-VL's ``[3, B, S]`` rotary positions.
         stack: without ``pack()``, the record fields batched as one tensor each (one shape and dtype).
+        provenance: add a ``provenance`` tensor to every batch: where each packed segment (or record row)
+            comes from, its source, file, record and token range (:mod:`zephon.origins`). It adds a key and
+            changes no other byte, so it is not fingerprinted: a checkpoint resumes with it on or off.
     """
 
     op = "batch"
+    NOT_FINGERPRINTED = Operator.NOT_FINGERPRINTED | {"provenance"}
 
     def __init__(self, rows_per_lane: int = 1, partial: str = "drop", *, pixels: str = "flat",
-                 positions: str = "1d", stack: tuple[str, ...] | list[str] = ()) -> None:
+                 positions: str = "1d", stack: tuple[str, ...] | list[str] = (), provenance: bool = False) -> None:
         super().__init__()
         positive_int(rows_per_lane, "batch(rows_per_lane=...)")
         for what, value, choices in (("partial", partial, PARTIAL), ("pixels", pixels, PIXEL_MODES),
@@ -60,6 +64,9 @@ class Batch(Operator):
             raise PipelineError(f"batch(stack={stack!r}): a list of field names, e.g. stack=['image']")
         self.rows_per_lane, self.partial, self.pixels, self.positions = rows_per_lane, partial, pixels, positions
         self.stack = tuple(stack)
+        if not isinstance(provenance, bool):
+            raise PipelineError(f"batch(provenance={provenance!r}): True or False")
+        self.provenance = provenance
 
     @staticmethod
     def make_rows(ctx: Any) -> "RecordRows":

@@ -32,6 +32,7 @@ class FlatMap(FunctionTransform):
         flat = [r for o in outs for r in o]
         chunk.skipped += int((counts == 0).sum())
         chunk.resume_cursor, chunk.resume_skip = cursor, skip
+        chunk.expand_origin(counts)
         return self._rebuild(chunk, flat, one_to_one=False)
 
     def _apply_records(self, records: list[Any]) -> list[Any]:

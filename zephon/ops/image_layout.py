@@ -31,7 +31,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from ..records import INPUT_IDS, Doc, doc_source, doc_tail
+from ..records import INPUT_IDS, Doc, doc_origin, doc_source, doc_tail
 
 IMAGES, IMAGE_GRID, IMAGE_SPANS = "images", "image_grid_thw", "image_spans"
 PER_IMAGE = (IMAGES, IMAGE_GRID, IMAGE_SPANS)  # payloads with one entry per image, in order
@@ -99,7 +99,7 @@ def piece(doc: Mapping[str, Any], a: int, b: int, token_fields: Sequence[str]) -
     token when ``b`` is not the document's end. A cut inside a span is an error."""
     ids = doc[INPUT_IDS]
     n = len(ids)
-    out = Doc(doc, doc_tail(doc) if b >= n else int(ids[b]), doc_source(doc))
+    out = Doc(doc, doc_tail(doc) if b >= n else int(ids[b]), doc_source(doc), doc_origin(doc, a))
     for name in token_fields:
         if name in doc:
             out[name] = doc[name][a:b]

@@ -120,10 +120,11 @@ class Pack(LaneOperator):
 
     def bind(self, ctx: BindContext) -> "Pack":
         """A copy that packs every per-token field of the pipeline."""
-        return self._bound(_fields=dict(ctx.token_fields) or {INPUT_IDS: (np.int32, 0)})
+        return self._bound(_fields=dict(ctx.token_fields) or {INPUT_IDS: (np.int32, 0)}, _provenance=ctx.provenance)
 
     def make(self, ctx: LaneContext) -> "Packer":
-        return Packer(ctx, self.seq_len, self.algorithm, self.max_open_bins or 1, self._fields, self.limits)
+        return Packer(ctx, self.seq_len, self.algorithm, self.max_open_bins or 1, self._fields, self.limits,
+                      getattr(self, "_provenance", False))
 
 
 class Packer(Accumulator):
@@ -133,10 +134,12 @@ class Packer(Accumulator):
     pipeline collects them from what its operators produce); every other field of a document is a payload
     that travels with it. ``ctx.carry``: leading tokens to drop, the ``carry`` of the sentinel a
     resumed lane restarts at. ``limits``: the images and patches one row may hold (documents with images).
+    ``provenance``: rows record each piece's origin (:mod:`zephon.origins`).
     """
 
     def __init__(self, ctx: LaneContext, seq_len: int, algorithm: str = "best_fit", max_open_bins: int = 16,
-                 fields: Mapping[str, tuple[Any, Any]] | None = None, limits: ImageLimits | None = None) -> None:
+                 fields: Mapping[str, tuple[Any, Any]] | None = None, limits: ImageLimits | None = None,
+                 provenance: bool = False) -> None:
         choice(algorithm, PACK_ALGORITHMS, "pack(algorithm)")
         if ctx.carry < 0:
             raise ValueError(f"carry must be >= 0, got {ctx.carry}")
@@ -162,13 +165,15 @@ class Packer(Accumulator):
         self._cap_images = BIG if self.limits.max_images is None else self.limits.max_images
         self._cap_patches = BIG if self.limits.max_patches is None else self.limits.max_patches
         self._flushing = False  # a row closed early while the open bins are wrapped up: a sentinel's cost
+        self._provenance = provenance
 
     # -- emission -------------------------------------------------------------------------------
     def _new_bin(self) -> Row:
         if len(self._names) == 1:
-            row = Row(self.seq_len)
+            row = Row(self.seq_len, None, self._provenance)
         else:
-            row = Row(self.seq_len, {k: np.empty(self.seq_len, dtype=dt) for k, (dt, _) in self.fields.items()})
+            row = Row(self.seq_len, {k: np.empty(self.seq_len, dtype=dt) for k, (dt, _) in self.fields.items()},
+                      self._provenance)
         self._bins.append(row)
         return row
 

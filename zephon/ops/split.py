@@ -96,6 +96,7 @@ class Split(Transform):
         if with_images:
             self._image_payloads(chunk, new_offsets[:-1] - chunk.offsets[:-1][index], np.diff(new_offsets))
         chunk.resume_cursor, chunk.resume_skip = cursor, skip
+        chunk.expand_origin(counts, new_offsets[:-1] - chunk.offsets[:-1][index])
         chunk.offsets, chunk.tails = new_offsets, tails
         return chunk
 

@@ -20,7 +20,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from ..errors import PipelineError, SourceError
-from ..records import INPUT_IDS, Chunk, Doc, TokenColumn
+from ..records import INPUT_IDS, Chunk, Doc, TokenColumn, doc_origin
 from ..specs import TokenizerSpec
 from ..tokenization import Tokenizer, load_tokenizer
 from .base import Transform
@@ -168,7 +168,7 @@ class Tokenize(Transform):
             if b > a:
                 rec = records[k]
                 doc = Doc({n: v for n, v in rec.items() if n != self.field or self.keep_field},
-                          getattr(rec, "tail", -100), getattr(rec, "source", -1))
+                          getattr(rec, "tail", -100), getattr(rec, "source", -1), doc_origin(rec))
                 doc[INPUT_IDS] = tokens[a:b]
                 out.append(doc)
         return out

@@ -46,7 +46,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from ..errors import PipelineError, RecipeFileError, SourceError
-from ..records import INPUT_IDS, LOSS_MASK, Chunk, Doc, doc_source
+from ..records import INPUT_IDS, LOSS_MASK, Chunk, Doc, doc_origin, doc_source
 from ..specs import TokenizerSpec
 from .base import BindContext, Transform, choice
 from .tokenize import shared_tokenizer
@@ -500,7 +500,7 @@ class TokenizeChat(Transform):
             if len(a):
                 consumed = (self.field, "tools", "documents")
                 doc = Doc({k: v for k, v in rec.items() if k not in consumed}, getattr(rec, "tail", -100),
-                          getattr(rec, "source", -1))
+                          getattr(rec, "source", -1), doc_origin(rec))
                 doc[INPUT_IDS], doc[LOSS_MASK] = a, m
                 out.append(doc)
         return out

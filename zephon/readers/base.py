@@ -187,6 +187,10 @@ class RawChunk:
     # A source read with several columns (``columns=``): each column's values, one per record (lists, or
     # TokenRows for token-id columns); ``texts`` and ``tokens`` are then unused.
     columns: dict[str, Any] | None = None
+    # where the chunk's first record starts, if not at the chunk's start (plain JSON Lines: a chunk owns the
+    # lines that start in it, the first after the first newline); each later one starts where the one before
+    # ended. For provenance (zephon.origins).
+    first: int | None = None
 
 
 class Reader(Protocol):

@@ -144,12 +144,13 @@ class JsonlReader:
             return self._chunk(texts, np.arange(start + 1, stop + 1, dtype=np.int64), stop)
         return self._read_bytes(path, start, self._size(path) if end < 0 else end)
 
-    def _chunk(self, records: list, cursors: np.ndarray, end: int) -> RawChunk:
-        """Texts, or with ``columns=``, each field's values (a skipped oversize line: None in every field)."""
+    def _chunk(self, records: list, cursors: np.ndarray, end: int, first: int | None = None) -> RawChunk:
+        """Texts, or with ``columns=``, each field's values (a skipped oversize line: None in every field);
+        ``first``: where the first record starts (see :class:`RawChunk`)."""
         if not self.columns:
-            return RawChunk(records, cursors, end)
+            return RawChunk(records, cursors, end, first=first)
         cols = {c: [None if r is None else r[c] for r in records] for c in self.columns}
-        return RawChunk([], cursors, end, columns=cols)
+        return RawChunk([], cursors, end, columns=cols, first=first)
 
     def _read_bytes(self, path: str, start: int, end: int) -> RawChunk:
         """The lines that start in ``[start, end)``: the chunk's bytes, plus the rest of its last line."""
@@ -168,6 +169,7 @@ class JsonlReader:
                 pos = data.find(b"\n") + 1 or len(data)
             else:
                 pos = 0
+            first = base + pos
             while pos < len(data):
                 nl = data.find(b"\n", pos)
                 if nl < 0:  # the last line goes on past the chunk (or ends the file without a newline)
@@ -178,7 +180,7 @@ class JsonlReader:
                 texts.append(self._record(data[pos:nl], path, f"byte {base + pos}"))
                 cursors.append(base + nl + 1)
                 pos = nl + 1
-        return self._chunk(texts, np.asarray(cursors, dtype=np.int64), end)
+        return self._chunk(texts, np.asarray(cursors, dtype=np.int64), end, first)
 
     def _last_line(self, f: BinaryIO, head: bytes, offset: int, end: int, path: str) -> tuple[str | None, int]:
         """The record of the line at ``offset`` that starts with ``head`` (read so far; ``f`` is just

@@ -43,6 +43,7 @@ class Recipe:
     flush_every: int = 8
     flush_by: str = "chunks"  # the sentinel cadence counts completed "chunks" or "units" (zephon.engine.sentinels)
     partial_batch: str = "drop"  # sources that stop: "drop" the last global batch some lane cannot fill, or "pad" it
+    provenance: bool = False  # every batch carries a provenance tensor (zephon.origins; not fingerprinted)
     pack: PackSpec = field(default_factory=PackSpec)
     mix_by: str = "tokens"
     # [mix.schedule]: weights over training steps ({interpolate, points: [{step, weights}]}; zephon.ops.schedule)
@@ -82,8 +83,8 @@ class Recipe:
 
 
 _TOP_KEYS = {
-    "seed", "lanes", "seq_len", "batch_per_lane", "flush_every", "flush_by", "partial_batch", "tokenizer", "pack",
-    "sources",
+    "seed", "lanes", "seq_len", "batch_per_lane", "flush_every", "flush_by", "partial_batch", "provenance",
+    "tokenizer", "pack", "sources",
     "mix", "shuffle", "split", "read", "storage",
 }
 _OPS_TOP_KEYS = {"seed", "lanes", "flush_every", "flush_by", "sources", "read", "storage", "ops"}  # an [[ops]] recipe
@@ -185,6 +186,7 @@ def recipe_from_dict(data: Mapping[str, Any], base_dir: str | os.PathLike | None
         flush_every=data.get("flush_every", 8),
         flush_by=data.get("flush_by", "chunks"),
         partial_batch=data.get("partial_batch", "drop"),
+        provenance=data.get("provenance", False),
         tokenizer=tok,
         pack=pack,
         sources=tuple(sources),
@@ -393,6 +395,8 @@ def _validate(r: Recipe) -> Recipe:
         raise _bad(o, "", "seed", "an integer in [0, 2**63)", r.seed, _is_int(r.seed))
     _choice(r.flush_by, "flush_by", ("chunks", "units"), o)
     _choice(r.partial_batch, "partial_batch", ("drop", "pad"), o)
+    if not isinstance(r.provenance, bool):
+        raise _bad(o, "", "provenance", "true or false", r.provenance, False)
     for name in ("lanes", "seq_len", "batch_per_lane", "flush_every"):
         _positive(getattr(r, name), name, o)
     for name in ("chunk_rows", "chunk_bytes", "unit_bytes", "cache_bytes", "max_doc_bytes"):

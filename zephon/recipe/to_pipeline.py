@@ -71,7 +71,7 @@ def recipe_to_pipeline(recipe: Any, text_map: Callable | None = None, text_filte
     if recipe.shuffle_buffer > 0:
         pipe = pipe.shuffle(recipe.shuffle_buffer)
     pipe = pipe.pack(recipe.seq_len, recipe.pack.algorithm, recipe.pack.max_open_bins, recipe.tokenizer.pad_id)
-    return pipe.batch(recipe.batch_per_lane, recipe.partial_batch)
+    return pipe.batch(recipe.batch_per_lane, recipe.partial_batch, provenance=recipe.provenance)
 
 
 # -- [[ops]] tables ---------------------------------------------------------------------------------------

@@ -63,6 +63,9 @@ def op_table(op: Operator) -> dict[str, Any]:
         raise ValueError(f"{where} ({type(op).__qualname__}) is your own class, which a recipe cannot name; build "
                          f"this pipeline in Python")
     params = dict(op.params())
+    for k in sorted(op.NOT_FINGERPRINTED - Operator.NOT_FINGERPRINTED):  # written, though no byte depends on it
+        if getattr(op, k, None):
+            params[k] = getattr(op, k)
     if getattr(op, "_named", False):
         params["name"] = op.name
     if getattr(op, "executor", None) is not None:

@@ -139,6 +139,8 @@ class MegatronBatches:
         if self.cu_seqlens:
             out["cu_seqlens"] = row_cu_seqlens(segments[0]).unsqueeze(0)
         out.update({k: part[k].contiguous() for k in IMAGE_KEYS if k in part})
+        if "provenance" in part:  # batch(provenance=True): the rows' origins, for a get_batch of yours to read
+            out["provenance"] = part["provenance"]
         return out
 
     # -- state ----------------------------------------------------------------------------------

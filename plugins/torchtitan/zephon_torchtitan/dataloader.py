@@ -287,6 +287,7 @@ class ZephonDataLoader(BaseDataLoader):
             raise images_refused(f"batch(pixels={images.pixels!r}, positions={images.positions!r})")
         self.lanes = self._loader.lanes
         self._pending: deque[tuple[dict[str, torch.Tensor], torch.Tensor]] = deque()
+        self._last_provenance: torch.Tensor | None = None
         self._hash_file = None
         if config.hash_log:
             import torch.distributed as dist
@@ -304,8 +305,17 @@ class ZephonDataLoader(BaseDataLoader):
         """Global batches fetched so far (all of whose micro-batches are yielded once none is pending)."""
         return self._loader.step
 
+    @property
+    def last_provenance(self) -> torch.Tensor | None:
+        """The ``provenance`` tensor of the last global batch fetched (``batch(provenance=True)``; rows numbered
+        in the global batch, :mod:`zephon.origins`), or None. It is not among the inputs the trainer gets:
+        Torchtitan's trainer passes every input key on to the model's ``forward``."""
+        return self._last_provenance
+
     def _fetch(self) -> None:
-        inputs, labels = to_torchtitan(next(self._loader))
+        batch = next(self._loader)
+        self._last_provenance = batch.pop("provenance", None)
+        inputs, labels = to_torchtitan(batch)
         b = self.local_batch_size
         for j in range(self.micro_batches):
             rows = slice(j * b, (j + 1) * b)
