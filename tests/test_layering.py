@@ -38,7 +38,7 @@ LAYERS = [
     ["loader"],
     ["pipeline"],
     ["recipe"],
-    ["verify", "testing", "cli", "demo", "demo_vl", "__main__", "schedule_view"],
+    ["verify", "testing", "cli", "demo", "__main__"],
 ]
 
 

@@ -543,7 +543,7 @@ def _check_tokenizer_file(path: str | Path) -> None:
             ": pass a SentencePiece .model, a Hugging Face tokenizer.json or a tiktoken .tiktoken file"
         raise RecipeFileError(f"{where}: {p.resolve()} is a folder, not a tokenizer file{hint}.")
     if not p.is_file():
-        demo = p.name in ("tok.model", "tok_vl.model")  # the demo's tokenizers (zephon/demo.py)
+        demo = p.name in ("tok.model", "tok_vl.model")  # the demo's tokenizers (zephon/demo/)
         fix = (f"run `zephon demo {p.parent}` to build the demo's tokenizers (tok_vl.model needs the vision extra: "
                "python -m pip install -e '.[vision]')" if demo else
                "pass the path of a SentencePiece .model, a Hugging Face tokenizer.json or a tiktoken .tiktoken "
