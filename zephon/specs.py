@@ -77,13 +77,13 @@ class SourceSpec:
     text_field: str = "text"
     weight: float = 1.0
     # Pre-tokenized sources: the list/array column of token ids; the tokenizer is then skipped (its
-    # BOS/EOS, pad id and vocabulary still apply). Exclusive with text_field. See zephon/pretokenized.py.
+    # BOS/EOS, pad id and vocabulary still apply). Exclusive with text_field. See zephon/readers/tokens.py.
     tokens_field: str | None = None
     # Object stores: keyword arguments for the fsspec filesystem (s3fs / gcsfs / adlfs): endpoint_url,
     # key, secret, anon, account_name, connection_string... Not in the fingerprint (where the bytes come
-    # from only changes speed), not in repr (credentials), not hashed (a dict). See zephon/storage.py.
+    # from only changes speed), not in repr (credentials), not hashed (a dict). See zephon/storage/.
     storage_options: dict[str, Any] | None = field(default=None, repr=False, hash=False)
-    # The columns to read, when more than the one text (or token-id) column: a [[steps]] recipe's
+    # The columns to read, when more than the one text (or token-id) column: an [[ops]] recipe's
     # operators see them as record fields (e.g. ["text", "url"] or ["messages"]).
     columns: tuple[str, ...] | None = None
     # This source's own [read] options (chunk_rows, chunk_bytes, unit_bytes...), over the recipe's [read].

@@ -267,7 +267,7 @@ def _sources(data: Mapping[str, Any], base: Path | None, origin: str) -> list[So
             raise RecipeError(f"{origin}: {where} must be a table (name, path, format...), got {src!r}.")
         _check_keys(src, _SOURCE_KEYS, where, origin)
         paths = _source_paths(_require(src, "path", where, origin), where, origin)
-        options = src.get("storage_options")  # object stores: see zephon/storage.py
+        options = src.get("storage_options")  # object stores: see zephon/storage/
         if options is not None and not isinstance(options, Mapping):
             raise RecipeError(f"{origin}: {where}: 'storage_options' must be a table of fsspec options "
                               f"(e.g. storage_options = {{ endpoint_url = \"http://...\", anon = true }}).")
@@ -410,7 +410,7 @@ def _validate(r: Recipe) -> Recipe:
     _choice(r.pack.algorithm, "pack.algorithm", PACK_ALGORITHMS, o)
     _positive(r.pack.max_open_bins, "pack.max_open_bins", o)
     _choice(r.mix_by, "mix.by", MIX_BY, o)
-    st = r.storage  # [storage]: object stores (zephon/storage.py)
+    st = r.storage  # [storage]: object stores (zephon/storage/)
     _string(st.cache_dir, "storage.cache_dir", o, optional=True)
     _positive(st.cache_max_bytes, "storage.cache_max_bytes", o)
     _positive(st.cache_block_bytes, "storage.cache_block_bytes", o)
