@@ -30,6 +30,7 @@ declared when it is not written.
 from __future__ import annotations
 
 import copy
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
@@ -482,11 +483,32 @@ class Pipeline:
         nodes.executor = executor
         return nodes
 
-    def to_recipe(self) -> str:
-        """This pipeline as a TOML recipe (``[[ops]]`` form); user functions by import path."""
+    def to_recipe(self, path: str | os.PathLike[str] | None = None) -> str:
+        """This pipeline as a TOML recipe (``[[ops]]`` form); user functions by import path.
+
+        Loading the recipe (:func:`zephon.load_recipe`) gives a pipeline with the same fingerprint. A recipe's
+        relative paths resolve against its own folder, so the local paths of the sources and the tokenizer are
+        written relative to ``path``'s folder when the recipe is saved there, absolute otherwise; URLs are
+        written as they are (a chat template is written as its text).
+
+        Args:
+            path: where to save the recipe (its folder must exist). None: the text is only returned.
+
+        Returns:
+            The recipe's TOML text (also written to ``path`` when given).
+
+        Raises:
+            ValueError: something a recipe cannot hold (an in-memory source, a lambda, your own operator class).
+            OSError: ``path`` cannot be written.
+        """
         from .recipe.to_toml import pipeline_to_toml
 
-        return pipeline_to_toml(self)
+        if path is None:
+            return pipeline_to_toml(self)
+        text = pipeline_to_toml(self, base_dir=os.path.dirname(os.path.abspath(path)))
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(text)
+        return text
 
     def __repr__(self) -> str:
         ops = " -> ".join(op.op or type(op).__name__ for op in self._ops)
