@@ -19,7 +19,7 @@ strings; other columns as Python values (numbers, lists, dicts, bytes).
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -470,19 +470,3 @@ def webdataset(path: str | Sequence[str], columns: Sequence[str] | None = ("*",)
     return _spec("webdataset", path, columns or ("*",), chunk_rows=chunk_rows, max_doc_bytes=max_doc_bytes,
                  oversize=oversize, index_cache=index_cache,
                  storage_options=dict(storage_options) if storage_options else None)
-
-
-def with_defaults(spec: ReadSpec, **defaults: Any) -> ReadSpec:
-    """``spec`` with the given options where it kept the defaults (a recipe's ``[read]`` table).
-
-    Args:
-        spec: the source's spec.
-        **defaults: ``ReadSpec`` fields and their values, applied to the fields of ``spec`` that still hold
-            their defaults (an option the source set itself wins).
-
-    Returns:
-        ``spec`` itself when nothing changes, else a copy with those fields replaced.
-    """
-    base = ReadSpec(spec.format, spec.path)
-    changes = {k: v for k, v in defaults.items() if getattr(spec, k) == getattr(base, k)}
-    return replace(spec, **changes) if changes else spec

@@ -21,8 +21,6 @@ from .batches import EvaluationBatches, MegatronBatches, check_image_batches, im
 from .checkpoint import data_state_dir, find_data_state, read_data_state, read_header, write_data_state
 from .layout import Layout, ZephonMegatronError, check_fit, layout_from_megatron
 
-SPLITS = ("train", "valid")
-
 # What the provider built in this process: split -> (iterator, layout). Read by save_data_state().
 _ACTIVE: dict[str, tuple[MegatronBatches, Layout]] = {}
 _ARGS: Any = None
