@@ -103,7 +103,7 @@ def _load_states(paths: Sequence[str]) -> tuple[dict[str, Any], list[dict[str, A
 
 def _display_path(path: str) -> str:
     """A source path tidied for people: ``recipes/../data/*.jsonl`` -> ``data/*.jsonl``. A glob is kept as the
-    recipe wrote it, joined to the recipe's folder (zephon/recipe.py resolves only plain paths), hence the
+    recipe wrote it, joined to the recipe's folder (zephon/recipe/parse.py resolves only plain paths), hence the
     ``..``. URLs (``s3://b/a/../c``) are left alone: in an object store ``..`` is part of a key."""
     if "://" in path:
         return path

@@ -35,7 +35,9 @@ from typing import Any, Iterator, Mapping, Sequence
 
 import numpy as np
 
-IGNORE = -100  # label value where no loss is due (PyTorch's cross-entropy ignore_index)
+IGNORE = -100
+"""The label where no loss is due: padding, document ends, masked positions (PyTorch's cross-entropy
+``ignore_index``)."""
 INPUT_IDS = "input_ids"
 LOSS_MASK = "loss_mask"
 
@@ -46,6 +48,12 @@ class Doc(dict):
     ``Doc`` is a plain ``dict`` to every operator; ``copy()`` keeps ``tail`` and ``source``. A record
     rebuilt as a new ``dict`` (``{**doc, ...}``) is still accepted downstream, with ``tail`` taken as
     ``IGNORE`` (a document end) and no source.
+
+    Args:
+        fields: the document's fields (``input_ids``, other per-token fields, payloads).
+        tail: the label after its last token: ``IGNORE`` at a document's end, else the next token (a piece
+            cut from a longer document).
+        source: the index of the source it came from (-1: unknown).
     """
 
     __slots__ = ("tail", "source")
@@ -53,9 +61,16 @@ class Doc(dict):
     def __init__(self, fields: Mapping[str, Any] = (), tail: int = IGNORE, source: int = -1) -> None:
         super().__init__(fields)
         self.tail = tail
+        """The label after its last token (``IGNORE`` at a document's end)."""
         self.source = source
+        """The index of the source it came from (-1: unknown)."""
 
     def copy(self) -> "Doc":
+        """A shallow copy that keeps ``tail`` and ``source`` (``dict.copy`` would return a plain dict).
+
+        Returns:
+            The copy.
+        """
         return Doc(self, self.tail, self.source)
 
     def __repr__(self) -> str:
@@ -323,10 +338,16 @@ class Flush:
     """
 
     index: int
+    """How many sentinels the lane has passed with this one: the segment that starts after it."""
     positions: tuple[tuple[int, int, int], ...]
+    """Where each source's reader stands: ``(unit_seq, cursor, skip)`` per source index."""
     carry: int = 0
+    """How many of the first tokens after the sentinel topped up the packer's last row."""
     release: int = -1
-    taken: tuple[int, ...] = field(default=(), compare=False)  # chunks each source had given the lane (a hint)
+    """When the held row was released: after that many documents past the sentinel, at the next sentinel
+    (0), or no row was held (-1)."""
+    taken: tuple[int, ...] = field(default=(), compare=False)
+    """The chunks each source had given the lane: a replay hint (speed only)."""
 
 
 class Row:
