@@ -145,6 +145,8 @@ class ZephonLoader:
             up to this many steps before the trainer asks (:mod:`zephon.engine.steps_ahead`); 0: when asked, on
             the trainer's thread. None: 2 for a pipeline that packs images, with workers, else 0. Checkpoints
             hold the delivered steps either way.
+        lanes: for debugging tools (:mod:`zephon.provenance`): load these consecutive lanes (a ``range``), whatever
+            ``rank`` and ``world_size`` say; None: the rank's own.
 
     Raises:
         ValueError: ``world_size`` does not divide the lanes, ``rank`` is out of range, or an option is negative.

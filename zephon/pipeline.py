@@ -133,10 +133,6 @@ class Pipeline:
         ``provenance``, which only adds the ``provenance`` key to every batch).
 
         Args:
-            seed, lanes, flush_every, flush_by: as for :class:`Pipeline`; None keeps this pipeline's.
-            batch_per_lane, pixels, positions, provenance: the ``batch()`` operator's (None: keep).
-
-        Args:
             seed: a new seed (None: keep this one's); as :class:`Pipeline`'s.
             lanes: a new lane count (None: keep).
             flush_every: a new sentinel cadence (None: keep).
@@ -144,6 +140,7 @@ class Pipeline:
             flush_by: what ``flush_every`` counts, ``"chunks"`` or ``"units"`` (None: keep).
             pixels: the ``batch`` operator's new ``pixels`` (None: keep).
             positions: the ``batch`` operator's new ``positions`` (None: keep).
+            provenance: the ``batch`` operator's new ``provenance`` (None: keep).
 
         Returns:
             The new pipeline; this one is unchanged.
