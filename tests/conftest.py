@@ -13,7 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from zephon import Recipe, recipe_from_dict
-from zephon.demo import train_sentencepiece, write_corpus
+from zephon.demo.text import train_sentencepiece, write_corpus
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 

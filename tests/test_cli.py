@@ -567,10 +567,10 @@ def test_demo_builds_each_missing_part(tmp_path, capsys):
 def test_demo_says_how_to_get_the_vision_language_part(tmp_path, capsys, monkeypatch):
     """Where Pillow or scikit-image is missing (simulated: both are installed here), the text part is built
     and the output names the missing package and the command that installs it."""
-    import zephon.demo_vl
+    import zephon.demo.vl
 
     reason = "Pillow is not installed (python -m pip install -e '.[vision]')"
-    monkeypatch.setattr(zephon.demo_vl, "unavailable", lambda: reason)
+    monkeypatch.setattr(zephon.demo.vl, "unavailable", lambda: reason)
     argv = ["demo", str(tmp_path), "--max-files", "25", "--vocab-size", "400"]
     assert main(argv) == 0
     out = capsys.readouterr().out

@@ -230,7 +230,7 @@ def _inputs(corpus: Path, sp_model: Path, demo: Path) -> dict[str, str]:
 def build_text_inputs(tmp: Path) -> dict[str, Any]:
     """The inputs these hashes are recorded on, built under ``tmp``: the test corpus (and its texts), the
     SentencePiece, Hugging Face and tiktoken tokenizers trained on it, and the demo corpus."""
-    from zephon.demo import train_sentencepiece
+    from zephon.demo.text import train_sentencepiece
 
     from .conftest import build_corpus, build_hf_tokenizer, build_tiktoken_file, read_corpus_texts
 

@@ -94,7 +94,7 @@ def inputs(data: dict[str, Path], tok_path: Path) -> dict[str, str]:
 
 
 def build_inputs(root: Path, texts: list[str]) -> tuple[dict[str, Path], Path]:
-    from zephon.demo_vl import train_vl_tokenizer
+    from zephon.demo.vl import train_vl_tokenizer
 
     data = build_dataset(root / "vl", texts, pictures())
     (root / "tok").mkdir(exist_ok=True)

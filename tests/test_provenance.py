@@ -355,7 +355,7 @@ def test_chat_segments_name_their_conversation(tmp_path, sp_model):
 
 def test_image_segments_name_their_record_and_images(tmp_path, corpus_texts):
     pytest.importorskip("PIL")
-    from zephon.demo_vl import train_vl_tokenizer
+    from zephon.demo.vl import train_vl_tokenizer
     from zephon.imaging import decode_image
 
     from .vision_data import crop, encode, pictures

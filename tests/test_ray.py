@@ -296,7 +296,7 @@ def test_a_vision_language_pipeline_on_ray(cluster, tmp_path_factory, corpus_tex
     image-text pipeline are the thread runner's under both Ray runners."""
     require("PIL")
     from tests.vision_data import build_dataset, pictures
-    from zephon.demo_vl import train_vl_tokenizer
+    from zephon.demo.vl import train_vl_tokenizer
 
     root = tmp_path_factory.mktemp("ray_vl")
     data = build_dataset(root / "data", corpus_texts, pictures())

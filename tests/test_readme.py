@@ -26,7 +26,7 @@ from tests.optional import require
 
 REPO = Path(__file__).resolve().parents[1]
 DOCS = ("README.md", "plugins/torchtitan/README.md", "plugins/megatron/README.md",
-        *sorted(str(p.relative_to(REPO)) for p in (REPO / "docs").rglob("*.md") if "_ext" not in p.parts))
+        *sorted(str(p.relative_to(REPO)) for p in (REPO / "docs").rglob("*.md")))
 NOT_RUN = re.compile(r"^<!--\s*not-run:\s*(?P<why>\S.*?)\s*-->$")
 
 

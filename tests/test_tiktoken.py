@@ -300,7 +300,7 @@ def test_other_kinds_descriptions_are_unchanged(sp_model):
     assert set(desc) == {"kind", "sha256", "add_eos", "add_bos", "eos_token", "bos_token", "pad_id", "pat_str"}
 
 
-# -- the Python API and the [[steps]] form -------------------------------------------------------------------
+# -- the Python API and the [[ops]] form ---------------------------------------------------------------------
 def test_zephon_tokenizer_takes_special_tokens_and_the_recipe_round_trips(tmp_path, corpus, tiktoken_file):
     n = len(load_tiktoken_bpe(str(tiktoken_file)))
     spec = zephon.tokenizer(str(tiktoken_file), special_tokens={"<|endoftext|>": n}, pat_str=TIKTOKEN_TEST_PATTERN)

@@ -50,7 +50,7 @@ def photo(loaded):
 
 @pytest.fixture(scope="module")
 def vl_tok(tmp_path_factory, corpus_texts):
-    from zephon.demo_vl import train_vl_tokenizer
+    from zephon.demo.vl import train_vl_tokenizer
 
     path = train_vl_tokenizer(tmp_path_factory.mktemp("vltok") / "tok.model", corpus_texts, vocab_size=600)
     return z.tokenizer(str(path))

@@ -34,7 +34,7 @@ IDS = dict(image_start="<|vision_start|>", image_pad="<|image_pad|>", image_end=
 
 @pytest.fixture(scope="module")
 def vl_tok(tmp_path_factory, corpus_texts):
-    from zephon.demo_vl import train_vl_tokenizer
+    from zephon.demo.vl import train_vl_tokenizer
 
     path = train_vl_tokenizer(tmp_path_factory.mktemp("vltok") / "tok.model", corpus_texts, vocab_size=600)
     return z.tokenizer(str(path))

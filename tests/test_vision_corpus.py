@@ -1,4 +1,4 @@
-"""The real-image corpus builder (zephon/demo_vl.py) on a small sample, and the vision-language quickstart.
+"""The real-image corpus builder (zephon/demo/vl.py) on a small sample, and the vision-language quickstart.
 
 Samples must be distinct crops of real pictures at the promised sizes, with captions from real text,
 made deterministically; the WebDataset shards and the Parquet files must hold the same samples (read
@@ -20,7 +20,7 @@ import pytest
 from tests.optional import require
 
 import zephon as z
-from zephon import demo_vl
+from zephon.demo import vl as demo_vl
 from zephon.verify import verify
 
 from .vision_data import pictures

@@ -1,7 +1,7 @@
 """Real images and image-text datasets for the vision tests, built here from pictures pip packages ship.
 
 The pictures are scikit-image's sample photographs (and scikit-learn's, matplotlib's when installed),
-through :mod:`zephon.demo_vl` (the corpus builder under test elsewhere); every file is written with the
+through :mod:`zephon.demo.vl` (the corpus builder under test elsewhere); every file is written with the
 real codecs (Pillow) and real containers (Python's ``tarfile``, pyarrow), never mocked.
 """
 
@@ -25,7 +25,7 @@ IMAGE_STRUCT = pa.struct([("bytes", pa.binary()), ("path", pa.string())])  # Hug
 
 def pictures(max_side: int = 512) -> list[Any]:
     """``[(Picture, PIL.Image)]``: the sample photographs installed packages ship (skipped when none is)."""
-    from zephon.demo_vl import package_pictures, usable_pictures
+    from zephon.demo.vl import package_pictures, usable_pictures
 
     loaded = usable_pictures([p for p in package_pictures() if not p.name.startswith("matplotlib/")], max_side)
     if len(loaded) < 4:

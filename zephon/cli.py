@@ -106,7 +106,7 @@ def _load_states(paths: Sequence[str]) -> tuple[dict[str, Any], list[dict[str, A
 
 def _display_path(path: str) -> str:
     """A source path tidied for people: ``recipes/../data/*.jsonl`` -> ``data/*.jsonl``. A glob is kept as the
-    recipe wrote it, joined to the recipe's folder (zephon/recipe.py resolves only plain paths), hence the
+    recipe wrote it, joined to the recipe's folder (zephon/recipe/parse.py resolves only plain paths), hence the
     ``..``. URLs (``s3://b/a/../c``) are left alone: in an object store ``..`` is part of a key."""
     if "://" in path:
         return path
@@ -210,7 +210,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     model, data = out / "tok.model", out / "data"
     todo = list(PARTS) if args.force else missing_parts(out)
     if "vl" in todo:
-        from .demo_vl import unavailable
+        from .demo.vl import unavailable
 
         vl_skipped = unavailable()  # asked here too, so that "nothing to do" can say why the VL part is absent
     else:
@@ -245,7 +245,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
             _out(f"  {data / sub}/  {len(files)} files, {size / 1e6:.1f} MB, {counts.get(kind, 0)} {kind} {what}")
     if "tokenizer" in built:
         _out(f"  {model}  SentencePiece BPE, vocab {args.vocab_size}, {model.stat().st_size / 1e3:.0f} kB")
-    if "vl" in built:  # the vision-language quickstart (zephon/demo_vl.py)
+    if "vl" in built:  # the vision-language quickstart (zephon/demo/vl.py)
         _out(f"  {data / 'vl'}/  {counts['vl_pairs']} image-caption pairs (WebDataset), {counts['vl_docs']} interleaved "
              f"documents with {counts['vl_doc_images']} images (Parquet), from {counts['vl_pictures']} pictures; "
              f"{out / 'tok_vl.model'}")
@@ -558,7 +558,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     _out(f"fingerprint {info['fingerprint']}")
     schedule = inspect_schedule(args.recipe)
     if schedule is not None:
-        from .schedule_view import schedule_ascii, schedule_png, schedule_table
+        from .ops.schedule import schedule_ascii, schedule_png, schedule_table
 
         names = [s["name"] for s in info["sources"]]
         _out(f"mixture schedule ({schedule.interpolate}), normalised weights by global step (from 0, as run "

@@ -48,7 +48,21 @@ def default_steps_ahead(program: CompiledPipeline, num_workers: int, runner: str
 
 
 def lanes_of_rank(lanes: int, rank: int, world_size: int) -> range:
-    """The contiguous lanes owned by ``rank``; errors name the numbers when they do not fit."""
+    """The contiguous lanes owned by ``rank``: ``[rank * L/W, (rank + 1) * L/W)``.
+
+    Args:
+        lanes: the pipeline's lane count ``L``.
+        rank: the data-parallel rank, in ``[0, world_size)``.
+        world_size: the data-parallel world size ``W``, a divisor of ``lanes``.
+
+    Returns:
+        The rank's lanes, as a range.
+
+    Raises:
+        TypeError: ``rank`` or ``world_size`` is not an integer (naming it and what to pass).
+        ValueError: ``world_size`` does not divide ``lanes``, or ``rank`` is out of range (naming the numbers
+            and the world sizes that fit).
+    """
     for name, value in (("rank", rank), ("world_size", world_size)):
         if isinstance(value, bool) or not hasattr(type(value), "__index__"):  # int, numpy integers
             raise TypeError(f"{name}={value!r}: the data-parallel {name.replace('_', ' ')} must be an int, got "
@@ -103,7 +117,49 @@ class _RankNode(BaseNode[dict]):
 class ZephonLoader:
     """Iterable of this rank's batches, with lane-keyed ``state_dict``/``load_state_dict``.
 
-    Iteration is endless (sources repeat in new pass orders) unless ``max_steps`` is given.
+    Iteration is endless (sources repeat in new pass orders) unless ``max_steps`` is given or a source stops.
+    Build one with :func:`zephon.build_loader` or :meth:`zephon.Pipeline.build`; close it (or use it as a
+    context manager) to stop its workers.
+
+    Args:
+        pipeline: a :class:`zephon.Pipeline`, or a :class:`zephon.Recipe` (``zephon.load_recipe(path)``).
+        rank: this process's data-parallel rank.
+        world_size: the data-parallel world size, a divisor of the pipeline's ``lanes``.
+        num_workers: workers for the stateless work (0: everything in the calling thread).
+        runner: where the work runs: ``"thread"`` (stateless work on ``num_workers`` threads, accumulators in
+            this process), ``"pool"`` (stateless work on ``num_workers`` processes), ``"process"`` (whole lanes on
+            ``num_workers`` processes; this process only collates), ``"ray"`` (stateless work on a Ray cluster,
+            ``num_workers`` tasks at a time) or ``"ray-lanes"`` (whole lanes on ``num_workers`` Ray actors). None
+            changes the batches, only the speed; an operator may pick its own executor kind (its ``executor=``).
+            Also an executor shared by several loaders (as :mod:`zephon.verify` does).
+        prefetch: items in flight per (lane, source, stage) with the thread and pool runners (None: 2, and for
+            a pipeline that packs images 2 rising to 8 while the lanes wait for the workers:
+            :class:`zephon.engine.sources.ReadAhead`), or steps ahead with the process runner.
+        max_steps: stop after this many global steps (None: endless, unless the sources stop).
+        text_map: a classic recipe's per-document text hook (a module-level function for the pool and process
+            runners); for a pipeline, use ``map_field()``.
+        text_filter: a classic recipe's per-document text filter; for a pipeline, use ``filter_field()``.
+        plan: a :class:`zephon.WorkPlan` already listed for this pipeline (None: list the files).
+        program: the pipeline already compiled (``pipeline.compile()``; None: compile it).
+        group: the data-parallel process group (None: the default group): its ranks agree on where finite
+            sources end.
+        address: the Ray cluster (``"HEAD:6379"``; None: ``RAY_ADDRESS``, else a local one).
+        ray_options: :class:`zephon.engine.ray_executor.RayOptions` fields, for the Ray runners.
+        reuse_batch_memory: write a batch's large tensors (pixels) into the memory of an earlier batch that
+            nothing refers to any more (:mod:`zephon.batches.buffers`); ``False`` allocates every batch afresh,
+            for code that keeps a batch's memory without a Python reference to it (a raw ``data_ptr()``).
+        steps_ahead: with workers, the lanes' own work (merge, shuffle, pack, waiting for the workers; with the
+            process and ray-lanes runners, reading their rows back) and the collation run on a background thread
+            up to this many steps before the trainer asks (:mod:`zephon.engine.steps_ahead`); 0: when asked, on
+            the trainer's thread. None: 2 for a pipeline that packs images, with workers, else 0. Checkpoints
+            hold the delivered steps either way.
+        lanes: for debugging tools (:mod:`zephon.provenance`): load these consecutive lanes (a ``range``), whatever
+            ``rank`` and ``world_size`` say; None: the rank's own.
+
+    Raises:
+        ValueError: ``world_size`` does not divide the lanes, ``rank`` is out of range, or an option is negative.
+        PipelineError: the pipeline is not valid.
+        SourceError: a source has no files, or gives no text.
     """
 
     def __init__(self, pipeline: Any, rank: int, world_size: int, num_workers: int = 0,
@@ -113,23 +169,33 @@ class ZephonLoader:
                  address: str | None = None, ray_options: Mapping[str, Any] | None = None,
                  reuse_batch_memory: bool = True, steps_ahead: int | None = None,
                  lanes: range | None = None) -> None:
-        self.group = group  # the data-parallel process group (finite sources: the ranks agree on the end)
+        self.group = group
+        """The data-parallel process group (finite sources: its ranks agree on the end)."""
         self._ended = False
-        self.pipeline = pipeline_of(pipeline, text_map, text_filter)  # plugins read its seq_len and operators
+        self.pipeline = pipeline_of(pipeline, text_map, text_filter)
+        """The :class:`zephon.Pipeline` it loads (the plugins read its ``seq_len`` and operators)."""
         self.rank, self.world_size = rank, world_size
         # lanes: a debugging tool's choice of lanes (zephon.provenance), whatever the rank
         self.lanes = lanes_of_rank(self.pipeline.lanes, rank, world_size) if lanes is None else \
             _chosen_lanes(lanes, self.pipeline.lanes)
+        """The lanes this rank owns, in order."""
         self.program: CompiledPipeline = program or self.pipeline.compile(plan)
+        """The compiled pipeline its lanes run."""
         self.program.plan.check_sources_have_text()  # a source of blank records fails here, not after some steps
         self.fingerprint = self.program.fingerprint
+        """The pipeline's fingerprint: a state from another pipeline is refused."""
         self.summary = self.program.summary
+        """The pipeline's description in its states (shown when a state does not match)."""
         self.pad_id = self.program.pad_id
+        """The id written on padding positions."""
         self.max_steps = max_steps
+        """The global steps after which iteration stops (None: endless)."""
         self._executors: dict[str, Executor] = {}
         self._own_executors = True
-        self.events: list[tuple[int, dict[str, float]]] = []  # mixture interventions, shared with every lane
+        self.events: list[tuple[int, dict[str, float]]] = []
+        """The mixture interventions (``(at_step, weights)``, from :meth:`set_mixture`), shared with every lane."""
         self.num_workers = num_workers
+        """Workers for the stateless work (0: in the calling thread)."""
         self._ray = {"address": address, **(ray_options or {})}  # for Ray executors and lane actors
         if num_workers < 0:
             raise ValueError(f"num_workers must be >= 0, got {num_workers}")
@@ -155,11 +221,13 @@ class ZephonLoader:
             if ahead:  # the thread collates too: the trainer's next() is a queue read
                 self._host = StepsAhead(self._host, ahead, collate=self._collate)
         self.node: BaseNode[dict] = _RankNode(self)
+        """This loader as a ``torchdata.nodes.BaseNode`` (one batch per ``next()``; its state is the loader's)."""
         # pixel (and other large) batch tensors: memory used again once the trainer holds no reference to it
         # with steps computed ahead, each queued step holds a batch as well
         ahead = self._host.ahead if isinstance(self._host, StepsAhead) else 0
         self._buffers = BatchBuffers(keep=4 + ahead if reuse_batch_memory else 0)
         self.step = 0
+        """The next global step to deliver (0-based): how many this loader has delivered since step 0."""
         self._started = time.perf_counter()
         self._initialized = False
 
@@ -328,7 +396,12 @@ class ZephonLoader:
         return self._host.states()
 
     def state_dict(self) -> dict[str, Any]:
-        """This rank's lanes' positions after the last delivered batch (JSON-serialisable)."""
+        """This rank's lanes' positions after the last delivered batch (JSON-serialisable).
+
+        Returns:
+            The loader state: versioned, fingerprinted, one entry per lane this rank owns. Merge every rank's
+            with :func:`zephon.merge_states` (or use :meth:`gather_state_dict`) to resume at another world size.
+        """
         return self._state()
 
     def _check_state(self, state: Any) -> dict[int, LaneState]:
@@ -410,7 +483,15 @@ class ZephonLoader:
         self._reset(unwrap_state(state))
 
     def gather_state_dict(self, group: Any = None) -> dict[str, Any]:
-        """All ranks' states merged (an ``all_gather_object`` over ``group``); every rank gets it."""
+        """All ranks' states merged (an ``all_gather_object`` over ``group``); every rank gets it.
+
+        Args:
+            group: the process group to gather over (None: the default group). Without ``torch.distributed``
+                initialised, this rank's state alone.
+
+        Returns:
+            The merged state: every lane's position, loadable at any world size that divides the lanes.
+        """
         import torch.distributed as dist
 
         from .state.checkpoint import merge_states
@@ -445,6 +526,9 @@ class ZephonLoader:
           what the lanes hold; ``source_token_share`` is the share of what the lanes *took*.
         - ``docs``: deprecated alias of ``docs_taken`` (kept for readers of the old name, e.g.
           scripts/bench/cadence.py).
+
+        Returns:
+            Metric name -> value (numbers, and dicts per source, reason or lane).
         """
         total = LaneCounters()
         per_lane = self._host.counters()
@@ -491,7 +575,14 @@ class ZephonLoader:
         return _shares(named)
 
     def mixture_weights(self, step: int) -> dict[str, float]:
-        """The weights in force at ``step`` (schedule, then interventions), normalised."""
+        """The weights in force at ``step`` (schedule, then interventions), normalised.
+
+        Args:
+            step: a global step.
+
+        Returns:
+            Source name -> share of the mixture (the shares add up to 1).
+        """
         from .ops.schedule import weights_in_force
 
         w = weights_in_force(self.program.schedule, self.program.weights, self.events, step)
@@ -608,28 +699,47 @@ def build_loader(pipeline: Any, rank: int | None = None, world_size: int | None 
     """Build the loader of data-parallel ``rank`` of ``world_size`` for a pipeline (or a recipe:
     ``zephon.load_recipe(path)``).
 
-    ``rank``/``world_size`` default to the data-parallel process group (``group``, or the default
-    group) when ``torch.distributed`` is initialised, else to 0 of 1. ``runner="thread"``: stateless
-    work (read, transform, tokenize) on ``num_workers`` threads, accumulators in this process;
-    ``runner="pool"``: stateless work on a pool of ``num_workers`` processes; ``runner="process"``:
-    whole lanes on ``num_workers`` processes (this process only collates); ``runner="ray"``: stateless
-    work on a Ray cluster, ``num_workers`` tasks at a time; ``runner="ray-lanes"``: whole lanes on
-    ``num_workers`` Ray actors. ``address``: the Ray cluster (``"HEAD:6379"``; default ``RAY_ADDRESS``, else
-    a local one); ``ray_options``: :class:`zephon.engine.ray_executor.RayOptions`. None changes the
-    batches, only the speed. A transform may pick its own
-    executor kind (``executor=`` of the operator). ``prefetch``: items in flight per (lane, source, stage)
-    (thread, pool; default 2, and for a pipeline that packs images 2 rising to 8 while the lanes wait for
-    the workers: :class:`zephon.engine.sources.ReadAhead`) or steps ahead (process).
-    ``text_map``/``text_filter``: per-document text hooks of a recipe (module-level functions for the
-    pool and process runners). ``reuse_batch_memory``: a batch's large tensors (pixels) are written into
-    the memory of an earlier batch that nothing refers to any more (:mod:`zephon.batches.buffers`); ``False`` allocates every batch afresh, for code that keeps a
-    batch's memory without a Python reference to it (a raw ``data_ptr()`` read later). ``steps_ahead``:
-    with workers, the lanes' own work (merge, shuffle, pack, waiting for the workers; with the process and
-    ray-lanes runners, reading the rows back from the lane workers) and the collation run on a background
-    thread up to this many steps before the trainer asks, so that a lane's burst of work is absorbed while
-    the model computes (:mod:`zephon.engine.steps_ahead`); 0: when asked, on the trainer's thread. Default: 2 for a pipeline
-    that packs images, with workers, else 0 (:func:`default_steps_ahead`). Checkpoints hold the delivered
-    steps either way.
+    Args:
+        pipeline: a :class:`zephon.Pipeline`, or a :class:`zephon.Recipe` (``zephon.load_recipe(path)``).
+        rank: this process's data-parallel rank (None: the data-parallel group's, ``group`` or the default one,
+            when ``torch.distributed`` is initialised, else 0).
+        world_size: the data-parallel world size, a divisor of the pipeline's ``lanes`` (None: the group's, else
+            1).
+        num_workers: workers for the stateless work (0: everything in the calling thread).
+        runner: where the work runs: ``"thread"`` (stateless work on ``num_workers`` threads, accumulators in
+            this process), ``"pool"`` (stateless work on ``num_workers`` processes), ``"process"`` (whole lanes on
+            ``num_workers`` processes; this process only collates), ``"ray"`` (stateless work on a Ray cluster,
+            ``num_workers`` tasks at a time) or ``"ray-lanes"`` (whole lanes on ``num_workers`` Ray actors). None
+            changes the batches, only the speed; an operator may pick its own executor kind (its ``executor=``).
+        prefetch: items in flight per (lane, source, stage) with the thread and pool runners (None: 2, and for
+            a pipeline that packs images 2 rising to 8 while the lanes wait for the workers:
+            :class:`zephon.engine.sources.ReadAhead`), or steps ahead with the process runner.
+        max_steps: stop after this many global steps (None: endless, unless the sources stop).
+        group: the data-parallel process group (None: the default group): its ranks agree on where finite
+            sources end, and ``rank``/``world_size`` default to its own.
+        text_map: a classic recipe's per-document text hook (a module-level function for the pool and process
+            runners); for a pipeline, use ``map_field()``.
+        text_filter: a classic recipe's per-document text filter; for a pipeline, use ``filter_field()``.
+        plan: a :class:`zephon.WorkPlan` already listed for this pipeline (None: list the files).
+        program: the pipeline already compiled (``pipeline.compile()``; None: compile it).
+        address: the Ray cluster (``"HEAD:6379"``; None: ``RAY_ADDRESS``, else a local one).
+        ray_options: :class:`zephon.engine.ray_executor.RayOptions` fields, for the Ray runners.
+        reuse_batch_memory: write a batch's large tensors (pixels) into the memory of an earlier batch that
+            nothing refers to any more (:mod:`zephon.batches.buffers`); ``False`` allocates every batch afresh,
+            for code that keeps a batch's memory without a Python reference to it (a raw ``data_ptr()``).
+        steps_ahead: with workers, the lanes' own work (merge, shuffle, pack, waiting for the workers; with the
+            process and ray-lanes runners, reading their rows back) and the collation run on a background thread
+            up to this many steps before the trainer asks (:mod:`zephon.engine.steps_ahead`); 0: when asked, on
+            the trainer's thread. None: 2 for a pipeline that packs images, with workers, else 0. Checkpoints
+            hold the delivered steps either way.
+
+    Returns:
+        The rank's :class:`ZephonLoader`.
+
+    Raises:
+        ValueError: ``world_size`` does not divide the lanes, ``rank`` is out of range, or an option is negative.
+        TypeError: ``pipeline`` is a path (load it with :func:`zephon.load_recipe`) or not a pipeline.
+        PipelineError: the pipeline is not valid.
     """
     if rank is None or world_size is None:
         import torch.distributed as dist

@@ -37,6 +37,7 @@ import numpy as np
 
 PROVENANCE_KEY = "provenance"
 PROVENANCE_COLUMNS = ("row", "segment", "source", "file", "record", "token_start", "token_end")
+"""The columns of a batch's ``provenance`` tensor, in order (see the module docstring)."""
 UNKNOWN = -1
 _GLOB = "*?["
 

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import copy
 import difflib
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
@@ -63,9 +64,13 @@ class SourceDecl:
     """A named source of a pipeline: how to read it, its mixture weight, and how many passes it makes."""
 
     name: str
+    """The source's name (unique in its pipeline)."""
     read: ReadSpec
+    """How to list, plan and read it (made by :mod:`zephon.read`)."""
     weight: float = 1.0
-    passes: int | None = None  # None: repeat for ever (in a new order every pass); N: stop after N passes
+    """Its share in the mixture (only the ratios matter)."""
+    passes: int | None = None
+    """None: repeat for ever (in a new order every pass); N: stop after N passes."""
 
 
 class Pipeline:
@@ -89,13 +94,19 @@ class Pipeline:
         if not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed < 1 << 63:
             raise PipelineError(f"Pipeline(seed={seed!r}): an integer in [0, 2**63) is needed")
         self.seed = seed
+        """Decides all randomness (fingerprinted)."""
         self.lanes = positive_int(lanes, "Pipeline(lanes=...)")
+        """The number of logical streams (fingerprinted): world sizes must divide it."""
         self.flush_every = positive_int(flush_every, "Pipeline(flush_every=...)")
+        """Completed chunks (or units) per lane between flush sentinels (fingerprinted)."""
         if flush_by not in ("chunks", "units"):
             raise PipelineError(f"Pipeline(flush_by={flush_by!r}): use 'chunks' or 'units'")
         self.flush_by = flush_by
+        """What ``flush_every`` counts: ``"chunks"`` or ``"units"`` (fingerprinted)."""
         self.storage = storage
+        """Object-store options (a :class:`~zephon.specs.StorageSpec`, or None; speed only)."""
         self.origin = origin
+        """Where it was declared, for messages (a recipe's path, or ``"<builder>"``)."""
         self._sources: tuple[SourceDecl, ...] = ()
         self._ops: tuple[Operator, ...] = ()
         self._compiled: Any = None
@@ -123,14 +134,21 @@ class Pipeline:
         ``provenance``, which only adds the ``provenance`` key to every batch).
 
         Args:
-            seed, lanes, flush_every, flush_by: as for :class:`Pipeline`; None keeps this pipeline's.
-            batch_per_lane, pixels, positions, provenance: the ``batch()`` operator's (None: keep).
+            seed: a new seed (None: keep this one's); as :class:`Pipeline`'s.
+            lanes: a new lane count (None: keep).
+            flush_every: a new sentinel cadence (None: keep).
+            batch_per_lane: the ``batch`` operator's new ``rows_per_lane`` (None: keep).
+            flush_by: what ``flush_every`` counts, ``"chunks"`` or ``"units"`` (None: keep).
+            pixels: the ``batch`` operator's new ``pixels`` (None: keep).
+            positions: the ``batch`` operator's new ``positions`` (None: keep).
+            provenance: the ``batch`` operator's new ``provenance`` (None: keep).
 
         Returns:
             The new pipeline; this one is unchanged.
 
         Raises:
-            PipelineError: a ``batch()`` setting is given but the pipeline has no ``batch()``.
+            PipelineError: a value out of range, or ``batch_per_lane``, ``pixels``, ``positions`` or
+                ``provenance`` for a pipeline that has no ``batch()``.
         """
         new = copy.copy(self)
         new._compiled = None
@@ -217,43 +235,120 @@ class Pipeline:
             name: its name in messages and ``explain()``.
             token_fields: per-token fields it adds, with the value a document without them gets when packed
                 (``{"modality_ids": 0}``).
+
+        Returns:
+            The pipeline with the operator added; this one is unchanged.
+
+        Raises:
+            PipelineError: ``fn`` is not callable, or cannot be fingerprinted (a lambda without ``version``).
         """
         return self._with(op=Map(fn, name, self._pick(sources, "map"), executor, version, on_error, token_fields))
 
     def filter(self, fn: Callable[[dict], bool], *, sources: Sequence[str] | None = None,
                executor: str | None = None, version: str | int | None = None, on_error: str = "raise",
                name: str | None = None) -> "Pipeline":
-        """Keep the records for which ``fn(record)`` is True (it must return a bool); see :meth:`map`."""
+        """Keep the records for which ``fn(record)`` is True (it must return a bool).
+
+        Args:
+            fn: a pure function of the record (module-level for the process and Ray runners).
+            sources: the sources it applies to (None: all; before the merge only).
+            executor: the stage's executor kind, ``"inline"``, ``"thread"``, ``"process"`` or ``"ray"`` (None: the
+                loader's runner decides).
+            version: bump it when ``fn`` changes under the same name (a lambda needs one).
+            on_error: ``"raise"`` (an error naming the file and row) or ``"skip"`` (skipped and counted).
+            name: its name in messages and ``explain()`` (None: one derived from ``fn``).
+
+        Returns:
+            The pipeline with the operator added; this one is unchanged.
+        """
         return self._with(op=Filter(fn, name, self._pick(sources, "filter"), executor, version, on_error))
 
     def flat_map(self, fn: Callable[[dict], Any], *, sources: Sequence[str] | None = None,
                  executor: str | None = None, version: str | int | None = None, on_error: str = "raise",
                  name: str | None = None) -> "Pipeline":
-        """``fn(record) -> iterable of records``: zero or more records per record; see :meth:`map`."""
+        """``fn(record) -> iterable of records``: zero or more records per record.
+
+        Args:
+            fn: a pure function of the record (module-level for the process and Ray runners).
+            sources: the sources it applies to (None: all; before the merge only).
+            executor: the stage's executor kind, ``"inline"``, ``"thread"``, ``"process"`` or ``"ray"`` (None: the
+                loader's runner decides).
+            version: bump it when ``fn`` changes under the same name (a lambda needs one).
+            on_error: ``"raise"`` (an error naming the file and row) or ``"skip"`` (skipped and counted).
+            name: its name in messages and ``explain()`` (None: one derived from ``fn``).
+
+        Returns:
+            The pipeline with the operator added; this one is unchanged.
+        """
         return self._with(op=FlatMap(fn, name, self._pick(sources, "flat_map"), executor, version, on_error))
 
     def map_batch(self, fn: Callable[[dict], dict], *, sources: Sequence[str] | None = None,
                   executor: str | None = None, version: str | int | None = None, name: str | None = None
                   ) -> "Pipeline":
-        """``fn(columns) -> columns`` on a chunk of records at once (a dict of equal-length lists)."""
+        """``fn(columns) -> columns`` on a chunk of records at once (a dict of equal-length lists).
+
+        Args:
+            fn: a pure function of the columns, returning columns of one length (records may be added or
+                removed).
+            sources: the sources it applies to (None: all; before the merge only).
+            executor: the stage's executor kind, ``"inline"``, ``"thread"``, ``"process"`` or ``"ray"`` (None: the
+                loader's runner decides).
+            version: bump it when ``fn`` changes under the same name (a lambda needs one).
+            name: its name in messages and ``explain()`` (None: one derived from ``fn``).
+
+        Returns:
+            The pipeline with the operator added; this one is unchanged.
+        """
         return self._with(op=MapBatch(fn, name, self._pick(sources, "map_batch"), executor, version))
 
     def map_field(self, fn: Callable[[Any], Any], field: str = "text", *, sources: Sequence[str] | None = None,
                   executor: str | None = None, version: str | int | None = None, name: str | None = None
                   ) -> "Pipeline":
-        """``fn(value) -> value`` on one field (None stays None): e.g. a text clean-up."""
+        """``fn(value) -> value`` on one field (None stays None): e.g. a text clean-up.
+
+        Args:
+            fn: a pure function of the field's value.
+            field: the field it rewrites.
+            sources: the sources it applies to (None: all; before the merge only).
+            executor: the stage's executor kind, ``"inline"``, ``"thread"``, ``"process"`` or ``"ray"`` (None: the
+                loader's runner decides).
+            version: bump it when ``fn`` changes under the same name (a lambda needs one).
+            name: its name in messages and ``explain()`` (None: one derived from ``fn``).
+
+        Returns:
+            The pipeline with the operator added; this one is unchanged.
+        """
         return self._with(op=MapField(fn, field, name=name, sources=self._pick(sources, "map_field"),
                                       executor=executor, version=version))
 
     def filter_field(self, fn: Callable[[Any], bool], field: str = "text", *, sources: Sequence[str] | None = None,
                      executor: str | None = None, version: str | int | None = None, name: str | None = None
                      ) -> "Pipeline":
-        """Keep records whose ``fn(record[field])`` is True (empty values are left to ``tokenize``)."""
+        """Keep records whose ``fn(record[field])`` is True (empty values are left to ``tokenize``).
+
+        Args:
+            fn: a pure function of the field's value, returning a bool.
+            field: the field it reads.
+            sources: the sources it applies to (None: all; before the merge only).
+            executor: the stage's executor kind, ``"inline"``, ``"thread"``, ``"process"`` or ``"ray"`` (None: the
+                loader's runner decides).
+            version: bump it when ``fn`` changes under the same name (a lambda needs one).
+            name: its name in messages and ``explain()`` (None: one derived from ``fn``).
+
+        Returns:
+            The pipeline with the operator added; this one is unchanged.
+        """
         return self._with(op=FilterField(fn, field, name=name, sources=self._pick(sources, "filter_field"),
                                          executor=executor, version=version))
 
     def apply(self, transform: Transform) -> "Pipeline":
         """Add a stateless operator of your own: a :class:`zephon.Transform` subclass with ``apply(columns)``.
+
+        Args:
+            transform: the operator (its ``sources``, ``executor`` and ``name`` are its own).
+
+        Returns:
+            The pipeline with the operator added; this one is unchanged.
 
         Raises:
             PipelineError: not a Transform, or one whose parameters the fingerprint cannot cover.
@@ -267,8 +362,23 @@ class Pipeline:
     def tokenize(self, tokenizer: TokenizerSpec, field: str = "text", *, add_eos: bool | None = None,
                  add_bos: bool | None = None, keep_field: bool = False, sources: Sequence[str] | None = None,
                  executor: str | None = None, name: str | None = None) -> "Pipeline":
-        """Tokenize ``field`` into ``input_ids`` (text, or token-id lists of a pre-tokenized source); see
-        :class:`zephon.ops.tokenize.Tokenize`."""
+        """Tokenize ``field`` into ``input_ids`` (text, or token-id lists of a pre-tokenized source), one
+        tokenizer call per chunk; see :mod:`zephon.ops.tokenize`.
+
+        Args:
+            tokenizer: ``zephon.tokenizer(path)``.
+            field: the record field holding the text (or the token-id lists of a pre-tokenized source).
+            add_eos: frame every document with EOS (None: as the tokenizer says).
+            add_bos: frame every document with BOS (None: as the tokenizer says).
+            keep_field: keep the text field as a payload of the document (dropped by default).
+            sources: the sources it applies to (None: all; before the merge only).
+            executor: the stage's executor kind, ``"inline"``, ``"thread"``, ``"process"`` or ``"ray"`` (None: the
+                loader's runner decides).
+            name: its name in messages and ``explain()`` (None: one derived from the operator).
+
+        Returns:
+            The pipeline with the operator added; this one is unchanged.
+        """
         return self._with(op=Tokenize(tokenizer, field, add_eos, add_bos, keep_field, name,
                                       self._pick(sources, "tokenize"), executor))
 
@@ -294,10 +404,13 @@ class Pipeline:
             on_error: "raise" (a record with a malformed message, or that the template refuses, is an error
                 naming the file, the row and the field) or "skip" (skipped and counted as
                 ``invalid_conversations`` in ``metrics()["skipped_by_reason"]``).
-            sources, executor, name: as for every operator.
+            sources: the sources it applies to (None: all; before the merge only).
+            executor: the stage's executor kind, ``"inline"``, ``"thread"``, ``"process"`` or ``"ray"`` (None: the
+                loader's runner decides).
+            name: its name in messages and ``explain()`` (None: ``"tokenize_chat"``).
 
         Returns:
-            The pipeline with the operator added.
+            The pipeline with the operator added; this one is unchanged.
         """
         return self._with(op=TokenizeChat(tokenizer, template, field, loss_on, add_eos, name,
                                           self._pick(sources, "tokenize_chat"), executor,
@@ -307,8 +420,21 @@ class Pipeline:
     def split(self, max_tokens: int, *, sources: Sequence[str] | None = None, executor: str | None = None,
               name: str | None = None) -> "Pipeline":
         """Cut documents longer than ``max_tokens`` into pieces (needed before best/first-fit packing of
-        documents longer than a row; inserted at ``seq_len`` when absent). A document with images is cut only
-        between images, each piece with the images it holds, and within pack's per-row image limits."""
+        documents longer than a row; inserted at ``seq_len`` when absent).
+
+        A document with images is cut only between images, each piece with the images it holds, and within
+        pack's per-row image limits.
+
+        Args:
+            max_tokens: the longest piece, in tokens.
+            sources: the sources it applies to (None: all; before the merge only).
+            executor: the stage's executor kind, ``"inline"``, ``"thread"``, ``"process"`` or ``"ray"`` (None: the
+                loader's runner decides).
+            name: its name in messages and ``explain()`` (None: one derived from the operator).
+
+        Returns:
+            The pipeline with the operator added; this one is unchanged.
+        """
         return self._with(op=Split(max_tokens, name, self._pick(sources, "split"), executor))
 
     def decode_images(self, field: str = "image", *, size: int | Sequence[int] | None = None,
@@ -318,10 +444,39 @@ class Pipeline:
                       keep_field: bool = False, sources: Sequence[str] | None = None, executor: str | None = None,
                       name: str | None = None) -> "Pipeline":
         """Decode the images of ``field`` (bytes, ``{bytes, path}`` structs or paths; one or a list per record)
-        into ``images`` (patches or pixels) and ``image_grid_thw``: decode, EXIF orientation, RGB, resize to
-        ``size=`` (centre crop) or within ``max_pixels=`` (aspect kept, on the patch grid), patchify
-        (``patch_size``, ``merge``). Bad images by ``on_bad_image`` ("skip", "drop_record", "raise"). See
-        :mod:`zephon.ops.decode_images` for every option and the output contract."""
+        into ``images`` (patches or pixels) and ``image_grid_thw``.
+
+        Decode, EXIF orientation, RGB, resize to ``size=`` (centre crop) or within ``max_pixels=`` (aspect
+        kept, on the patch grid), patchify (``patch_size``, ``merge``). See :mod:`zephon.ops.decode_images` for
+        the record layouts and the output contract.
+
+        Args:
+            field: the record field holding the images.
+            size: resize and centre-crop every image to this size, an int or ``(height, width)``, each side a
+                multiple of ``patch_size * merge``. Exactly one of ``size`` and ``max_pixels`` is given.
+            max_pixels: resize within this many pixels, keeping the aspect ratio, on the patch grid.
+            min_pixels: with ``max_pixels``: enlarge an image below this many pixels.
+            patch_size: the side of a patch, in pixels.
+            merge: patches per image token along each side (``merge * merge`` patches make one token).
+            patchify: return patches (``[n_patches, p*p*3]``) rather than pixels (``[H, W, 3]``).
+            resample: the resize filter: ``"bicubic"``, ``"bilinear"``, ``"lanczos"``, ``"box"`` or ``"nearest"``.
+            max_image_pixels: an image with more pixels than this is a bad image (decompression bombs).
+            on_bad_image: ``"skip"`` (the image becomes None; the text stays), ``"drop_record"`` or ``"raise"``.
+            jpeg_decoder: ``"simplejpeg"``, ``"pillow"`` or ``"auto"`` (simplejpeg if installed; fingerprinted).
+            reduced_decode: decode a JPEG at 1/2, 1/4 or 1/8 of its size (DCT scaling) when the target is at
+                most half of it.
+            keep_field: keep ``field`` in the record (dropped by default).
+            sources: the sources it applies to (None: all; before the merge only).
+            executor: the stage's executor kind, ``"inline"``, ``"thread"``, ``"process"`` or ``"ray"`` (None: the
+                loader's runner decides).
+            name: its name in messages and ``explain()`` (None: one derived from the operator).
+
+        Returns:
+            The pipeline with the operator added; this one is unchanged.
+
+        Raises:
+            PipelineError: an option out of range, or neither or both of ``size`` and ``max_pixels``.
+        """
         return self._with(op=DecodeImages(
             field, size=size, max_pixels=max_pixels, min_pixels=min_pixels if size is None else 56 * 56,
             patch_size=patch_size, merge=merge, patchify=patchify, resample=resample,
@@ -337,8 +492,34 @@ class Pipeline:
                         name: str | None = None) -> "Pipeline":
         """Tokenize ``field`` (a caption with ``<image>`` placeholders, or interleaved ``texts``) with each image
         of ``images`` expanded to ``image_start, image_pad * n, image_end`` tokens and ``loss_mask`` 0 where an
-        image token is the label. ``merge`` defaults to the ``merge`` of the ``decode_images`` operators before
-        it. See :mod:`zephon.ops.tokenize_images`."""
+        image token is the label. See :mod:`zephon.ops.tokenize_images`.
+
+        Args:
+            tokenizer: ``zephon.tokenizer(path)``.
+            field: the record field holding the caption (a string) or the interleaved texts (a list).
+            image_pad: the image token, repeated once per token of an image: a token id or its text
+                (``"<|image_pad|>"``).
+            image_start: the token before each image, an id or its text (None: none).
+            image_end: the token after each image, an id or its text (None: none).
+            merge: patches per token along each side (None: the ``merge`` of the ``decode_images`` operators
+                before it).
+            placeholder: the text that stands for the next image in a caption.
+            unplaced_images: where images without a placeholder go: ``"before"`` the text or ``"after"`` it.
+            loss_on_images: a loss on image tokens too (``loss_mask`` 1 everywhere).
+            add_eos: frame every document with EOS (None: as the tokenizer says).
+            add_bos: frame every document with BOS (None: as the tokenizer says).
+            keep_field: keep the text field as a payload of the document (dropped by default).
+            sources: the sources it applies to (None: all; before the merge only).
+            executor: the stage's executor kind, ``"inline"``, ``"thread"``, ``"process"`` or ``"ray"`` (None: the
+                loader's runner decides).
+            name: its name in messages and ``explain()`` (None: one derived from the operator).
+
+        Returns:
+            The pipeline with the operator added; this one is unchanged.
+
+        Raises:
+            PipelineError: an option out of range, or no ``merge`` and none (or several) from ``decode_images``.
+        """
         picked = self._pick(sources, "tokenize_images")
         if merge is None:
             merges = {op.merge for op in self._ops if isinstance(op, DecodeImages)
@@ -356,9 +537,20 @@ class Pipeline:
     # -- the merge and accumulators ----------------------------------------------------------------------
     def mix(self, by: str = "tokens", weights: Mapping[str, float] | None = None,
             schedule: Schedule | None = None) -> "Pipeline":
-        """Where the sources meet: an exact mixture by ``"tokens"`` or ``"documents"``; ``weights`` (source
-        name -> weight) overrides the sources' own; ``schedule`` (a :class:`zephon.Schedule`) changes them
-        over training steps (phases, or waypoints with linear or cosine interpolation)."""
+        """Where the sources meet: an exact, deterministic mixture (see :mod:`zephon.ops.mix`).
+
+        Args:
+            by: what the weights share out: ``"tokens"`` or ``"documents"``.
+            weights: source name -> weight, overriding the sources' own (every source named once).
+            schedule: weights that change over training steps (a :class:`zephon.Schedule`: phases, or
+                waypoints with linear or cosine interpolation).
+
+        Returns:
+            The pipeline with the operator added; this one is unchanged.
+
+        Raises:
+            PipelineError: ``mix`` declared twice, or ``weights`` that do not name every source.
+        """
         if any(isinstance(op, Mix) for op in self._ops):
             raise PipelineError("mix() is declared twice: the sources meet once")
         op = Mix(by, weights, schedule)
@@ -368,13 +560,29 @@ class Pipeline:
         return self._with(op=op)
 
     def shuffle(self, buffer: int) -> "Pipeline":
-        """A seeded shuffle within a window of ``buffer`` records (per lane, drained at each sentinel)."""
+        """A seeded shuffle within a window of records (per lane, drained at each sentinel).
+
+        Args:
+            buffer: the records the window holds (0: no shuffle).
+
+        Returns:
+            The pipeline with the operator added; this one is unchanged.
+        """
         return self._with(op=Shuffle(buffer))
 
     def accumulate(self, factory: Callable[..., Any], *, name: str | None = None,
                    version: str | int | None = None) -> "Pipeline":
-        """Your own accumulator: ``factory(ctx)`` (or ``factory()``) builds one per lane, with ``push(record)
-        -> records`` and ``flush() -> records`` (see :mod:`zephon.ops.accumulate`)."""
+        """Your own accumulator, serial per lane after the sources meet (see :mod:`zephon.ops.accumulate`).
+
+        Args:
+            factory: ``factory(ctx)`` (a :class:`zephon.LaneContext`) or ``factory()`` builds one per lane, with
+                ``push(record) -> records`` and ``flush() -> records`` (a :class:`zephon.Accumulator`).
+            name: its name in messages and ``explain()`` (None: one derived from ``factory``).
+            version: bump it when ``factory`` changes under the same name.
+
+        Returns:
+            The pipeline with the operator added; this one is unchanged.
+        """
         return self._with(op=Accumulate(factory, name, version))
 
     def pack(self, seq_len: int, algorithm: str = "best_fit", max_open_bins: int = 16,
@@ -386,7 +594,22 @@ class Pipeline:
         only between images and each piece carries the images it holds; ``max_images_per_row`` and
         ``max_patches_per_row`` cap one row's images and patches (a document that would exceed them goes
         to another row). Per row, so the same on every world size: a global batch holds at most
-        ``lanes * rows_per_lane`` times them. See :mod:`zephon.ops.pack`."""
+        ``lanes * rows_per_lane`` times them. See :mod:`zephon.ops.pack`.
+
+        Args:
+            seq_len: tokens per row (at least 2).
+            algorithm: ``"best_fit"``, ``"first_fit"`` or ``"wrap"``.
+            max_open_bins: open rows kept by best and first fit.
+            pad_id: the id written on padding positions (None: the tokenizer's pad id).
+            max_images_per_row: the most images one row may hold (None: no limit).
+            max_patches_per_row: the most image patches one row may hold (None: no limit).
+
+        Returns:
+            The pipeline with the operator added; this one is unchanged.
+
+        Raises:
+            PipelineError: ``pack`` declared twice, or an option out of range.
+        """
         if any(isinstance(op, Pack) for op in self._ops):
             raise PipelineError("pack() is declared twice")
         return self._with(op=Pack(seq_len, algorithm, max_open_bins, pad_id, max_images_per_row,
@@ -395,18 +618,22 @@ class Pipeline:
     def batch(self, rows_per_lane: int = 1, partial: str = "drop", *, pixels: str = "flat",
               positions: str = "1d", stack: Sequence[str] = (), provenance: bool = False) -> "Pipeline":
         """Each lane adds ``rows_per_lane`` rows to every global batch (global batch = lanes x this); the
-        last operator.
+        last operator. See :mod:`zephon.ops.batch`.
 
         Args:
-            rows_per_lane: rows each lane gives every step.
-            partial: ``"drop"`` or ``"pad"`` the last global batch some lanes cannot fill (sources that stop).
-            pixels: how packed batches carry images (``"flat"``, ``"fixed"``, ``"lists"``).
-            positions: ``"1d"`` or ``"mrope"``.
-            stack: without ``pack()``, the record fields batched as one tensor each.
-            provenance: add a ``provenance`` tensor (where each segment comes from: :mod:`zephon.origins`).
+            rows_per_lane: rows (packed sequences, or records without ``pack()``) each lane gives every step.
+            partial: sources that stop (``passes=``) end lanes at different steps: the first global batch some
+                lane cannot fill ends the loader (``"drop"``), or lanes that ran out give padding rows until
+                every lane has (``"pad"``, so an evaluation covers its whole set).
+            pixels: images in packed batches: ``"flat"`` (``pixel_values`` uint8 ``[total_patches, p*p*3]``),
+                ``"fixed"`` (``[rows * max_images_per_row, 3, H, W]`` with ``image_mask``) or ``"lists"``.
+            positions: ``"1d"``, or ``"mrope"`` for Qwen2-VL's ``[3, B, S]`` rotary positions.
+            stack: without ``pack()``, the record fields batched as one tensor each (one shape and dtype).
+            provenance: add a ``provenance`` tensor: where each packed segment (or record row) comes from
+                (:mod:`zephon.origins`). Not fingerprinted: it changes no other byte.
 
         Returns:
-            The pipeline with ``batch`` appended (see :class:`zephon.ops.batch.Batch`).
+            The pipeline with the operator added; this one is unchanged.
         """
         return self._with(op=Batch(rows_per_lane, partial, pixels=pixels, positions=positions, stack=tuple(stack),
                                    provenance=provenance))
@@ -433,6 +660,7 @@ class Pipeline:
 
     @property
     def global_batch_size(self) -> int:
+        """Rows in every global batch: ``lanes * batch_per_lane``."""
         return self.lanes * self.batch_per_lane
 
     @property
@@ -442,8 +670,17 @@ class Pipeline:
         return None if op is None else op.spec
 
     def compile(self, plan: Any = None) -> Any:
-        """This pipeline as its lanes run it (:class:`zephon.graph.program.CompiledPipeline`; lists the files once
-        and keeps the result)."""
+        """This pipeline as its lanes run it: checked, every operator placed, the implied ones added.
+
+        Args:
+            plan: a :class:`zephon.WorkPlan` to compile against (None: list the files once and keep the result).
+
+        Returns:
+            The :class:`zephon.graph.program.CompiledPipeline`.
+
+        Raises:
+            PipelineError: the graph is not valid (naming the operator and the fix).
+        """
         from .graph.program import compile_pipeline
 
         if self._compiled is None or plan is not None:
@@ -459,21 +696,47 @@ class Pipeline:
         return self.compile().fingerprint
 
     def explain(self) -> str:
-        """The operators in order, where each runs, and the fingerprint."""
+        """The operators in order, where each runs, and the fingerprint.
+
+        Returns:
+            A text for people (``print(pipe.explain())``).
+        """
         from .graph.explain import explain
 
         return explain(self)
 
     def validate(self, records: int = 64) -> Any:
-        """Push a few records of every source through every operator, in this process; an error names the
-        operator. Returns a :class:`zephon.ValidationReport` of what each operator made."""
+        """Push a few records of every source through every operator, in this process.
+
+        Args:
+            records: about how many records to read from each source.
+
+        Returns:
+            A :class:`zephon.ValidationReport` of what each operator made.
+
+        Raises:
+            PipelineError: an operator failed (naming it and the source), or no row came out.
+        """
         from .graph.explain import validate
 
         return validate(self, records)
 
     def build(self, rank: int | None = None, world_size: int | None = None, num_workers: int = 0,
               runner: str = "thread", **kwargs: Any) -> Any:
-        """The loader of data-parallel ``rank`` of ``world_size`` (see :func:`zephon.build_loader`)."""
+        """The loader of data-parallel ``rank`` of ``world_size`` (see :func:`zephon.build_loader`).
+
+        Args:
+            rank: this process's data-parallel rank (None: the default process group's when torch.distributed
+                is initialised, else 0).
+            world_size: the data-parallel world size, a divisor of ``lanes`` (None: the default process group's,
+                else 1).
+            num_workers: workers for the stateless stages (0: in the calling thread).
+            runner: ``"thread"``, ``"pool"``, ``"process"``, ``"ray"`` or ``"ray-lanes"`` (docs/guides/runners.md).
+            **kwargs: the other options of :func:`zephon.build_loader`.
+
+        Returns:
+            The :class:`zephon.ZephonLoader`.
+        """
         from .loader import build_loader
 
         return build_loader(self, rank=rank, world_size=world_size, num_workers=num_workers, runner=runner, **kwargs)
@@ -505,11 +768,32 @@ class Pipeline:
         nodes.executor = executor
         return nodes
 
-    def to_recipe(self) -> str:
-        """This pipeline as a TOML recipe (``[[ops]]`` form); user functions by import path."""
+    def to_recipe(self, path: str | os.PathLike[str] | None = None) -> str:
+        """This pipeline as a TOML recipe (``[[ops]]`` form); user functions by import path.
+
+        Loading the recipe (:func:`zephon.load_recipe`) gives a pipeline with the same fingerprint. A recipe's
+        relative paths resolve against its own folder, so the local paths of the sources and the tokenizer are
+        written relative to ``path``'s folder when the recipe is saved there, absolute otherwise; URLs are
+        written as they are (a chat template is written as its text).
+
+        Args:
+            path: where to save the recipe (its folder must exist). None: the text is only returned.
+
+        Returns:
+            The recipe's TOML text (also written to ``path`` when given).
+
+        Raises:
+            ValueError: something a recipe cannot hold (an in-memory source, a lambda, your own operator class).
+            OSError: ``path`` cannot be written.
+        """
         from .recipe.to_toml import pipeline_to_toml
 
-        return pipeline_to_toml(self)
+        if path is None:
+            return pipeline_to_toml(self)
+        text = pipeline_to_toml(self, base_dir=os.path.dirname(os.path.abspath(path)))
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(text)
+        return text
 
     def __repr__(self) -> str:
         ops = " -> ".join(op.op or type(op).__name__ for op in self._ops)
@@ -524,18 +808,22 @@ def tokenizer(path: str, kind: str | None = None, *, add_eos: bool = True, add_b
     Args:
         path: a SentencePiece ``.model``, a Hugging Face ``tokenizer.json`` or a tiktoken BPE ``.tiktoken`` file.
         kind: ``"sentencepiece"``, ``"huggingface"`` or ``"tiktoken"``; guessed from the file's content when None.
-        add_eos, add_bos: frame every document with EOS / BOS.
-        eos_token, bos_token: the special tokens' names (detected when None).
+        add_eos: end every document with EOS.
+        add_bos: start every document with BOS.
+        eos_token: the EOS token's text (None: detected from the vocabulary).
+        bos_token: the BOS token's text (None: detected from the vocabulary).
         pad_id: the id written on padding positions (default: EOS).
-        pat_str, special_tokens: a tiktoken file's split regex and special tokens (name -> id); taken from
-            tiktoken's own definitions when the file is one of its encodings, needed otherwise.
+        pat_str: a tiktoken file's split regex; taken from tiktoken's own definitions when the file is one of its
+            encodings, needed otherwise.
+        special_tokens: a tiktoken file's special tokens (name -> id); as ``pat_str``.
 
     Returns:
         The :class:`~zephon.specs.TokenizerSpec` (the file is read when a pipeline using it is built).
 
     Raises:
         RecipeFileError: no file at ``path``.
-        PipelineError: the kind cannot be told from the file.
+        PipelineError: ``kind`` is not a kind Zephon reads, the kind cannot be told from the file, or the file
+            looks like another kind than ``kind`` (naming the kind it looks like).
     """
     from .tokenization import sniff_tokenizer_kind
 
@@ -577,7 +865,7 @@ def _check_tokenizer_file(path: str | Path) -> None:
             ": pass a SentencePiece .model, a Hugging Face tokenizer.json or a tiktoken .tiktoken file"
         raise RecipeFileError(f"{where}: {p.resolve()} is a folder, not a tokenizer file{hint}.")
     if not p.is_file():
-        demo = p.name in ("tok.model", "tok_vl.model")  # the demo's tokenizers (zephon/demo.py)
+        demo = p.name in ("tok.model", "tok_vl.model")  # the demo's tokenizers (zephon/demo/)
         fix = (f"run `zephon demo {p.parent}` to build the demo's tokenizers (tok_vl.model needs the vision extra: "
                "python -m pip install -e '.[vision]')" if demo else
                "pass the path of a SentencePiece .model, a Hugging Face tokenizer.json or a tiktoken .tiktoken "

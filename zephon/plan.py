@@ -361,6 +361,10 @@ class WorkPlan:
 
     Args:
         pipeline: a :class:`~zephon.Pipeline` (its seed, lanes, storage options and sources).
+
+    Raises:
+        TypeError: ``pipeline`` is not a pipeline (a recipe: ``recipe.to_pipeline()``).
+        SourceError: a source's files cannot be listed, or it has none.
     """
 
     def __init__(self, pipeline: Any) -> None:
@@ -371,9 +375,15 @@ class WorkPlan:
         self.sources: list[SourcePlan] = [
             SourcePlan(i, PlannedSource(d.name, d.read, d.passes), pipe.lanes, pipe.seed, pipe.storage, pipe.origin)
             for i, d in enumerate(pipe.sources)]
+        """Each source's plan (its sorted files and units), in declaration order."""
         self._checked = False  # check_sources_have_text done
 
     def units_per_lane(self) -> list[float]:
+        """How many units of each source a lane reads per pass, on average.
+
+        Returns:
+            One number per source, in declaration order: its units divided by the lanes.
+        """
         return [len(s.units) / self.lanes for s in self.sources]
 
     def check_sources_have_text(self) -> None:

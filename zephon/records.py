@@ -35,7 +35,9 @@ from typing import Any, Iterator, Mapping, Sequence
 
 import numpy as np
 
-IGNORE = -100  # label value where no loss is due (PyTorch's cross-entropy ignore_index)
+IGNORE = -100
+"""The label where no loss is due: padding, document ends, masked positions (PyTorch's cross-entropy
+``ignore_index``)."""
 INPUT_IDS = "input_ids"
 LOSS_MASK = "loss_mask"
 
@@ -48,9 +50,14 @@ class Doc(dict):
     record rebuilt as a new ``dict`` (``{**doc, ...}``) is still accepted downstream, with ``tail`` taken as
     ``IGNORE`` (a document end), no source and no origin.
 
-    ``origin`` (:mod:`zephon.origins`): ``(file_id, record, token_start)``, the file the document was read
-    from, where its record starts there, and where its tokens start within the record's document (0 unless
-    it is a piece of a longer one); None when provenance is off or unknown.
+    Args:
+        fields: the document's fields (``input_ids``, other per-token fields, payloads).
+        tail: the label after its last token: ``IGNORE`` at a document's end, else the next token (a piece
+            cut from a longer document).
+        source: the index of the source it came from (-1: unknown).
+        origin: where it comes from (:mod:`zephon.origins`): ``(file_id, record, token_start)``, the file it
+            was read from, where its record starts there, and where its tokens start within the record's
+            document (0 unless it is a piece of a longer one); None when provenance is off or unknown.
     """
 
     __slots__ = ("tail", "source", "origin")
@@ -59,14 +66,17 @@ class Doc(dict):
                  origin: tuple[int, int, int] | None = None) -> None:
         super().__init__(fields)
         self.tail = tail
+        """The label after its last token (``IGNORE`` at a document's end)."""
         self.source = source
+        """The index of the source it came from (-1: unknown)."""
         self.origin = origin
+        """``(file_id, record, token_start)`` when the pipeline records provenance, else None."""
 
     def copy(self) -> "Doc":
-        """A shallow copy that keeps ``tail``, ``source`` and ``origin``.
+        """A shallow copy that keeps ``tail``, ``source`` and ``origin`` (``dict.copy`` would return a plain dict).
 
         Returns:
-            The new document (its values are the same objects).
+            The copy (its values are the same objects).
         """
         return Doc(self, self.tail, self.source, doc_origin(self))
 
@@ -365,10 +375,16 @@ class Flush:
     """
 
     index: int
+    """How many sentinels the lane has passed with this one: the segment that starts after it."""
     positions: tuple[tuple[int, int, int], ...]
+    """Where each source's reader stands: ``(unit_seq, cursor, skip)`` per source index."""
     carry: int = 0
+    """How many of the first tokens after the sentinel topped up the packer's last row."""
     release: int = -1
-    taken: tuple[int, ...] = field(default=(), compare=False)  # chunks each source had given the lane (a hint)
+    """When the held row was released: after that many documents past the sentinel, at the next sentinel
+    (0), or no row was held (-1)."""
+    taken: tuple[int, ...] = field(default=(), compare=False)
+    """The chunks each source had given the lane: a replay hint (speed only)."""
 
 
 class Row:

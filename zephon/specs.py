@@ -20,7 +20,7 @@ TOKENS_FORMATS = ("parquet", "mds", "litdata", "vortex", "lance", "arrow", "hf")
 MIX_BY = ("tokens", "documents")
 OVERSIZE_POLICIES = ("skip", "truncate", "error")  # [read] oversize: what to do with a document over max_doc_bytes
 SEED_LIMIT = 1 << 63  # seeds are non-negative 64-bit integers (zephon/_perm.py hashes them modulo 2**64)
-# The mixer turns weights into integers with Fraction.limit_denominator(10_000) (zephon/nodes/mix.py,
+# The mixer turns weights into integers with Fraction.limit_denominator(10_000) (zephon/ops/mix.py,
 # integer_weights): a weight that rounds to 0 there would have no share (and divide by zero).
 WEIGHT_DENOMINATOR = 10_000
 # The [read] options: a recipe's defaults for every source, a source's own in [[sources]] read = {...}
@@ -29,22 +29,33 @@ READ_KEYS = ("chunk_rows", "chunk_bytes", "unit_bytes", "cache_bytes", "max_doc_
 
 @dataclass(frozen=True)
 class TokenizerSpec:
-    """Which tokenizer turns text into ids, and which special tokens frame a document."""
+    """Which tokenizer turns text into ids, and which special tokens frame a document.
+
+    Make one with :func:`zephon.tokenizer` (it checks the file); a recipe's ``[tokenizer]`` table has the same
+    keys. tiktoken only: a file that is one of tiktoken's own encodings (recognised by its SHA-256) takes that
+    encoding's split regex and special tokens from tiktoken; any other file needs ``pat_str`` and
+    ``special_tokens`` (see zephon/tokenization.py). Given for a recognised file, they replace tiktoken's.
+    """
 
     kind: str
+    """``"sentencepiece"``, ``"huggingface"`` or ``"tiktoken"``."""
     path: str
+    """The tokenizer file (fingerprinted by its content, not its path)."""
     add_eos: bool = True
+    """End every document with EOS."""
     add_bos: bool = False
-    eos_token: str | None = None  # huggingface / tiktoken: name of the EOS token
+    """Start every document with BOS."""
+    eos_token: str | None = None
+    """Hugging Face and tiktoken: the EOS token's text (None: detected)."""
     bos_token: str | None = None
-    pad_id: int | None = None  # id written into padding positions (labels there are ignored); default EOS
-    # tiktoken only. A file that is one of tiktoken's own encodings (recognised by its SHA-256) takes that
-    # encoding's split regex and special tokens from tiktoken; any other file needs them here (see
-    # zephon/tokenization.py). Given for a recognised file, they replace tiktoken's.
-    pat_str: str | None = None  # split regex
-    # name -> id, stored as ((name, id), ...) sorted by id, so that the spec stays hashable and two spellings
-    # of one mapping are one spec; a mapping given here is turned into that form.
+    """Hugging Face and tiktoken: the BOS token's text (None: detected)."""
+    pad_id: int | None = None
+    """The id written on padding positions (labels there are ignored); None: EOS."""
+    pat_str: str | None = None
+    """tiktoken: the split regex."""
     special_tokens: tuple[tuple[str, int], ...] | None = None
+    """tiktoken: the special tokens, ``((name, id), ...)`` sorted by id (so that the spec stays hashable and two
+    spellings of one mapping are one spec); a mapping given here is turned into that form."""
 
     def __post_init__(self) -> None:
         st = self.special_tokens
@@ -55,7 +66,11 @@ class TokenizerSpec:
             object.__setattr__(self, "special_tokens", pairs)
 
     def describe(self) -> dict[str, Any]:
-        """What decides its ids, for the fingerprint (:func:`tokenizer_description`)."""
+        """What decides its ids, for the fingerprint (:func:`tokenizer_description`).
+
+        Returns:
+            The kind, the file's SHA-256 and the framing options, as plain data.
+        """
         return tokenizer_description(self)
 
 
@@ -64,47 +79,61 @@ class PackSpec:
     """How documents are packed into rows of ``seq_len`` tokens (see :mod:`zephon.ops.pack`)."""
 
     algorithm: str = "best_fit"
+    """``"best_fit"``, ``"first_fit"`` or ``"wrap"``."""
     max_open_bins: int = 16
+    """Open rows kept by best and first fit."""
 
 
 @dataclass(frozen=True)
 class SourceSpec:
-    """One corpus: files of one format, one text field, a mixture weight."""
+    """One corpus of a recipe (a ``[[sources]]`` table): files of one format, its fields, a mixture weight."""
 
     name: str
+    """Unique in the recipe: the key of its positions in checkpoints and of its weight."""
     path: tuple[str, ...]
+    """Files, folders or globs (local paths resolved against the recipe's folder, or URLs)."""
     format: str
+    """One of ``parquet``, ``jsonl``, ``mds``, ``litdata``, ``vortex``, ``lance``, ``arrow``, ``hf``,
+    ``webdataset``."""
     text_field: str = "text"
+    """The text column."""
     weight: float = 1.0
-    # Pre-tokenized sources: the list/array column of token ids; the tokenizer is then skipped (its
-    # BOS/EOS, pad id and vocabulary still apply). Exclusive with text_field. See zephon/pretokenized.py.
+    """Its share in the mixture (only the ratios matter)."""
     tokens_field: str | None = None
-    # Object stores: keyword arguments for the fsspec filesystem (s3fs / gcsfs / adlfs): endpoint_url,
-    # key, secret, anon, account_name, connection_string... Not in the fingerprint (where the bytes come
-    # from only changes speed), not in repr (credentials), not hashed (a dict). See zephon/storage.py.
+    """Pre-tokenized sources: the list or array column of token ids; the tokenizer then only frames the
+    documents (its BOS/EOS, pad id and vocabulary still apply). Exclusive with ``text_field``. See
+    zephon/readers/tokens.py."""
     storage_options: dict[str, Any] | None = field(default=None, repr=False, hash=False)
-    # The columns to read, when more than the one text (or token-id) column: a [[steps]] recipe's
-    # operators see them as record fields (e.g. ["text", "url"] or ["messages"]).
+    """Object stores: keyword arguments for the fsspec filesystem (s3fs, gcsfs, adlfs): ``endpoint_url``,
+    ``key``, ``secret``, ``anon``... Not in the fingerprint (where the bytes come from only changes speed), not
+    in repr (credentials). See zephon/storage/."""
     columns: tuple[str, ...] | None = None
-    # This source's own [read] options (chunk_rows, chunk_bytes, unit_bytes...), over the recipe's [read].
+    """The columns to read, when more than the one text (or token-id) column: an ``[[ops]]`` recipe's operators
+    see them as record fields (``["text", "url"]``, ``["messages"]``)."""
     read: dict[str, Any] | None = field(default=None, hash=False)
-    # Stop after this many passes over the source's data (None: repeat for ever, in a new order every pass).
+    """This source's own ``[read]`` options (``chunk_rows``, ``chunk_bytes``...), over the recipe's ``[read]``."""
     passes: int | None = None
-    # format = "hf" (a Hugging Face datasets folder): the split to read (None: "train") and the config,
-    # when the folder holds several (zephon/readers/hf.py).
+    """Stop after this many passes over the source's data (None: repeat for ever, in a new order every pass)."""
     split: str | None = None
+    """Format ``hf``: the split to read (None: ``"train"``)."""
     config: str | None = None
+    """Format ``hf``: the configuration to read, when the folder holds several (zephon/readers/hf.py)."""
 
 
 @dataclass(frozen=True)
 class StorageSpec:
     """``[storage]``: retries and the node-local cache of object-store reads (speed only, not fingerprinted)."""
 
-    cache_dir: str | None = None  # node-local cache of remote byte blocks; None: no cache
-    cache_max_bytes: int = 10 << 30  # LRU eviction beyond this
-    cache_block_bytes: int = 4 << 20  # cached block size (requests are aligned to it when caching)
-    retries: int = 5  # retries of a transient error (after the first attempt)
-    retry_backoff_s: float = 0.5  # first backoff; doubles per retry, with jitter
+    cache_dir: str | None = None
+    """A node-local cache of remote byte blocks (None: no cache)."""
+    cache_max_bytes: int = 10 << 30
+    """The cache's size: least recently used blocks are evicted beyond it."""
+    cache_block_bytes: int = 4 << 20
+    """The cached block size (requests are aligned to it when caching)."""
+    retries: int = 5
+    """Retries of a transient error (after the first attempt)."""
+    retry_backoff_s: float = 0.5
+    """The first backoff, in seconds; it doubles per retry, with jitter."""
 
 
 def file_digest(path: str) -> str:

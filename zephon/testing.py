@@ -103,9 +103,23 @@ def check_accumulator(factory: Callable[..., Any], records: Sequence[Any], *, se
                       conserves: bool = False, max_examples: int = 60, max_flushes: int = 4) -> None:
     """Assert the accumulator contract for ``factory`` over ``records`` (see the module docstring).
 
-    ``factory(ctx)`` (or ``factory()``) must build a fresh instance; ``records`` are the records to push
-    (a few dozen, with the duplicates and edge cases your operator cares about). Hypothesis chooses where
-    the flushes fall (derandomized: the same cases on every run) and shrinks a failure to the smallest.
+    Hypothesis chooses where the flushes fall (derandomized: the same cases on every run) and shrinks a
+    failure to the smallest. Needs ``hypothesis`` (the test extra).
+
+    Args:
+        factory: ``factory(ctx)`` (a :class:`zephon.LaneContext`) or ``factory()`` builds a fresh instance.
+        records: the records to push (a few dozen, with the duplicates and edge cases your operator cares
+            about).
+        seed: the pipeline seed the contexts carry.
+        lane: the lane the contexts carry.
+        conserves: also check that every record pushed comes out exactly once (a shuffle, a reorder); leave
+            it off for operators that drop or merge records.
+        max_examples: how many placements of the flushes to try.
+        max_flushes: the most flushes in one example (besides the final one).
+
+    Raises:
+        AssertionError: the contract does not hold (the smallest failing case, as hypothesis reports it).
+        ValueError: no records.
     """
     try:
         from hypothesis import HealthCheck, given, settings

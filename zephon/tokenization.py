@@ -81,14 +81,26 @@ def _check_file(spec: TokenizerSpec) -> tuple[Path, str | None]:
 
 
 class Tokenizer:
-    """A loaded tokenizer with its special ids. Build with :func:`load_tokenizer`."""
+    """A loaded tokenizer with its special ids. Build with :func:`load_tokenizer`.
+
+    Args:
+        spec: which tokenizer, and how it frames documents (:func:`zephon.tokenizer` makes one).
+
+    Raises:
+        RecipeError: the file cannot be read as its kind, or the spec asks for a special token (EOS, BOS, a
+            pad id) the tokenizer does not have.
+        RecipeFileError: no file at the spec's path.
+        ImportError: the backend's library is not installed.
+    """
 
     def __init__(self, spec: TokenizerSpec) -> None:
         self.spec = spec
+        """What was loaded."""
         validate_special_tokens(spec, f"tokenizer {spec.path}")  # a spec built in Python: not checked yet
         path, looks = _check_file(spec)
         self._encode = None
-        self.tiktoken_encoding: str | None = None  # tiktoken: which of tiktoken's own encodings the file is
+        self.tiktoken_encoding: str | None = None
+        """tiktoken: which of tiktoken's own encodings the file is (None: none, or another kind)."""
         try:
             getattr(self, f"_load_{spec.kind}")(path)
         except (RecipeError, ImportError):  # already says what to fix / a library to install
@@ -110,6 +122,7 @@ class Tokenizer:
                               f"tokenizer {spec.path}; use an id of this tokenizer, or leave pad_id out to pad "
                               f"with EOS ({self.eos_id}).")
         self.pad_id = spec.pad_id if spec.pad_id is not None else (self.eos_id or 0)
+        """The id written on padding positions: the spec's, else EOS (else 0)."""
 
     # -- backends -------------------------------------------------------------------------------
     def _load_sentencepiece(self, path: Path) -> None:
@@ -348,7 +361,14 @@ class Tokenizer:
         return out
 
     def token_text(self, token_id: int | None) -> str:
-        """The text of one token id (e.g. the EOS token's name for a chat template), '' for None."""
+        """The text of one token id (e.g. the EOS token's name for a chat template).
+
+        Args:
+            token_id: a token id, or None.
+
+        Returns:
+            The token's text; ``""`` for None.
+        """
         if token_id is None:
             return ""
         kind, b = self.spec.kind, self._backend
@@ -386,21 +406,43 @@ class Tokenizer:
 
     # -- the batched call -----------------------------------------------------------------------
     def encode(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
-        """Tokenize ``texts``; returns ``(tokens int32 [T], offsets int64 [n+1])`` with EOS/BOS added."""
+        """Tokenize texts, one batched backend call, each framed with the spec's BOS/EOS.
+
+        Args:
+            texts: the documents' texts.
+
+        Returns:
+            ``(tokens, offsets)``: every document's ids, concatenated (int32 ``[T]``), and where each starts and
+            the last ends (int64 ``[n + 1]``).
+        """
         ids = self._encode(texts)
         lengths = np.fromiter((len(x) for x in ids), dtype=np.int64, count=len(ids))
         flat = np.fromiter(itertools.chain.from_iterable(ids), dtype=np.int32, count=int(lengths.sum()))
         return self.frame(flat, lengths)
 
     def encode_plain(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
-        """Tokenize ``texts`` without BOS/EOS (pieces of one document, framed later by the caller): one
-        batched backend call; returns ``(tokens int32 [T], lengths int64 [n])``."""
+        """Tokenize texts without BOS/EOS (pieces of one document, framed later by the caller): one batched
+        backend call.
+
+        Args:
+            texts: the pieces' texts.
+
+        Returns:
+            ``(tokens, lengths)``: the ids concatenated (int32 ``[T]``) and each piece's count (int64 ``[n]``).
+        """
         ids = self._encode(texts) if texts else []
         lengths = np.fromiter((len(x) for x in ids), dtype=np.int64, count=len(ids))
         return np.fromiter(itertools.chain.from_iterable(ids), dtype=np.int32, count=int(lengths.sum())), lengths
 
     def token_id(self, token: str) -> int | None:
-        """The id of one vocabulary entry by its text (e.g. a special token ``<|image_pad|>``), None if absent."""
+        """The id of one vocabulary entry by its text (e.g. a special token ``<|image_pad|>``).
+
+        Args:
+            token: the entry's text.
+
+        Returns:
+            Its id, or None when the vocabulary has no such entry.
+        """
         kind, b = self.spec.kind, self._backend
         if kind == "huggingface":
             return b.token_to_id(token)
@@ -413,8 +455,15 @@ class Tokenizer:
             return None
 
     def frame(self, flat: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Documents given as ``flat`` ids (int32 [T]) and their ``lengths`` (int64 [n]), framed with the
-        recipe's BOS/EOS: ``(tokens int32, offsets int64 [n+1])``. Pre-tokenized sources come in here."""
+        """Frame documents given as ids with the spec's BOS/EOS (pre-tokenized sources come in here).
+
+        Args:
+            flat: the documents' ids, concatenated (int32 ``[T]``).
+            lengths: each document's count (int64 ``[n]``).
+
+        Returns:
+            ``(tokens, offsets)`` as :meth:`encode` returns them.
+        """
         extra = int(self.spec.add_bos) + int(self.spec.add_eos)
         if extra:
             out_len = lengths + extra
@@ -641,5 +690,15 @@ def _special_id(specials: dict[str, int], name: str | None, candidates: Sequence
 
 
 def load_tokenizer(spec: TokenizerSpec) -> Tokenizer:
-    """Load the tokenizer a recipe names."""
+    """Load the tokenizer a spec names.
+
+    Args:
+        spec: a :class:`zephon.TokenizerSpec` (:func:`zephon.tokenizer`, or a recipe's ``[tokenizer]``).
+
+    Returns:
+        The loaded :class:`Tokenizer`.
+
+    Raises:
+        RecipeError: the file cannot be read as its kind, or lacks a special token the spec asks for.
+    """
     return Tokenizer(spec)

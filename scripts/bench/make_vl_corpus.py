@@ -5,7 +5,7 @@ The pictures are those the installed packages ship (scikit-image, scikit-learn a
 pictures) and, when installed, the Debian desktop background packages under ``/usr/share/backgrounds``
 (``apt-get install gnome-backgrounds mate-backgrounds lomiri-wallpapers`` gives 80+ photographs and
 pictures of up to 5640 x 3172 pixels). Each sample is a crop of one picture, 200-600 pixels on its long
-side, JPEG quality 60-95 (one in twenty a PNG), with a caption of real text (see zephon/demo_vl.py).
+side, JPEG quality 60-95 (one in twenty a PNG), with a caption of real text (see zephon/demo/vl.py).
 
 Written as ``DIR/wds/shard-NNNNNN.tar`` (WebDataset: ``<key>.jpg|png``, ``.txt``, ``.json``) and
 ``DIR/parquet/part-NNNNNN.parquet`` (the same samples: ``key``, ``image`` as a ``{bytes, path}`` struct,
@@ -30,8 +30,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from zephon import demo_vl  # noqa: E402
-from zephon.demo import stdlib_documents  # noqa: E402
+from zephon.demo import vl as demo_vl  # noqa: E402
+from zephon.demo.text import stdlib_documents  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -22,6 +22,8 @@ from .buffers import UNPOOLED, BatchBuffers
 from .images import ImageBatch, image_keys
 
 HASHED_KEYS = ("input_ids", "labels", "position_ids", "segment_ids", "loss_mask")
+"""The text keys a batch digest hashes first, in this order (:func:`global_digest`; every other key but
+``cu_seqlens`` follows, by name)."""
 UNHASHED_KEYS = ("cu_seqlens",)  # rank-relative, derived from segment_ids
 ROW_INDEX_KEYS = ("image_row",)  # rank-relative row numbers: hashed as rows of the global batch
 
@@ -35,12 +37,23 @@ def collate(rows: Sequence[Row], seq_len: int, pad_id: int,
     buffers, one-slice shifts, running sums over the flattened ``[B*S]`` batch and one padding mask,
     with no per-token scatter and no per-row Python loop (fetch-and-batch has 256 short rows a batch).
 
-    Every other per-token field of the rows (``pad_values``: name -> value in padding) becomes a ``[B, S]``
-    tensor of its own; a ``loss_mask`` field (1 where the label at that position counts, e.g. assistant
-    turns) also sets ``labels`` to -100 where it is 0. Per-document payloads become, per field, a list
-    (rows) of lists (the row's documents, in order). ``images`` (a pipeline with images, or mrope
-    positions): the images' payloads become tensors (:mod:`zephon.collate_images`), their pixels written
-    into ``buffers`` (:mod:`zephon.batch_buffers`; a loader passes its own pool, the default allocates).
+    Every other per-token field of the rows becomes a ``[B, S]`` tensor of its own; a ``loss_mask`` field
+    (1 where the label at that position counts, e.g. assistant turns) also sets ``labels`` to -100 where it is
+    0. Per-document payloads become, per field, a list (rows) of lists (the row's documents, in order).
+
+    Args:
+        rows: the rank's packed rows, in lane order.
+        seq_len: tokens per row.
+        pad_id: the id written on padding positions.
+        pad_values: per-token field name -> its value on padding positions (None: 0 for every field).
+        images: for a pipeline with images or mrope positions, how its images are batched
+            (:mod:`zephon.batches.images`): their payloads become tensors.
+        buffers: the pool the large tensors (pixels) are written into (:mod:`zephon.batches.buffers`; a loader
+            passes its own; the default allocates).
+
+    Returns:
+        The batch: ``input_ids``, ``labels``, ``position_ids``, ``segment_ids``, ``cu_seqlens``, ``loss_mask``
+        (``[B, S]`` tensors but ``cu_seqlens``), every other per-token field, the payloads, and the image keys.
     """
     B, S = len(rows), seq_len
     fills = np.fromiter((r.fill for r in rows), dtype=np.int64, count=B)
@@ -115,7 +128,14 @@ def collate(rows: Sequence[Row], seq_len: int, pad_id: int,
 
 
 def batch_digest(batch: Mapping[str, object]) -> str:
-    """SHA-256 of one batch (every key but ``cu_seqlens``, in a fixed order)."""
+    """SHA-256 of one batch (every key but ``cu_seqlens``, in a fixed order).
+
+    Args:
+        batch: a batch as a loader delivers it.
+
+    Returns:
+        The hex digest: :func:`global_digest` of this one batch.
+    """
     return global_digest([batch])
 
 
@@ -129,6 +149,12 @@ def global_digest(rank_batches: Sequence[Mapping[str, object]]) -> str:
     of rank 0's rows, then rank 1's...), as the one-rank batch lays them out; ``image_row`` is hashed as
     global row numbers (each rank's plus the rows of the ranks before it), and mrope ``position_ids``
     ``[3, B, S]`` row by row (as ``[B, 3, S]``), so the digest is the one-rank digest at every world size.
+
+    Args:
+        rank_batches: one step's batch of every rank, in rank order.
+
+    Returns:
+        The hex digest of the global batch.
     """
     h = hashlib.sha256()
     names = {k for b in rank_batches for k in b}

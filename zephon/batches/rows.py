@@ -23,10 +23,11 @@ from ..origins import PROVENANCE_KEY
 
 
 def select_rows(batch: Mapping[str, Any], rows: slice) -> dict[str, Any]:
-    """Rows ``rows`` (a step-1 slice) of a batch from :func:`zephon.collate.collate`, every key included.
+    """Some consecutive rows of a batch from :func:`zephon.collate`, every key included (Megatron's
+    micro-batches).
 
     Every tensor key is what a rank owning just those rows gets; a payload list keeps its key even where
-    none of the rows carries that field (``None`` per document, as :func:`zephon.collate.global_digest`
+    none of the rows carries that field (``None`` per document, as :func:`zephon.global_digest`
     reads a missing payload), while such a rank's own batch would not have the key.
 
     Per-row tensors (``[B, ...]``) and payload lists are sliced; ``cu_seqlens`` keeps the boundaries
@@ -34,6 +35,16 @@ def select_rows(batch: Mapping[str, Any], rows: slice) -> dict[str, Any]:
     dimension; flat images (``image_row``) keep the images of those rows with their patches and row numbers
     relative to the first row; fixed images keep the rows' slots (``B * max_images_per_row`` of them);
     ``provenance`` keeps the entries of those rows, with their global row numbers.
+
+    Args:
+        batch: a batch of token rows (with ``input_ids``), as a loader delivers it.
+        rows: the rows to keep, a contiguous ascending slice (``slice(4, 8)``).
+
+    Returns:
+        The batch of those rows.
+
+    Raises:
+        ValueError: a batch of record rows (slice its lists directly), or a slice that is not contiguous.
     """
     if "input_ids" not in batch:
         raise ValueError("select_rows: a batch of token rows (with input_ids) is expected; a batch of record "

@@ -17,8 +17,6 @@ class LaneCounters:
     doc_tokens: int = 0
     pieces_split: int = 0
     rows: int = 0
-    pad_tokens: int = 0
-    flush_pad_tokens: int = 0
     flushes: int = 0
     units: int = 0
     skipped_records: int = 0

@@ -239,12 +239,7 @@ class Lane(BaseNode[list[Row]]):
     def next(self) -> list[Row]:
         self.skip_delivered()
         rows = [self._next_row() for _ in range(self.program.rows_per_lane)]
-        c = self._counters
-        for row in rows:
-            c.rows += 1
-            c.pad_tokens += row.free
-            if row.flushed:
-                c.flush_pad_tokens += row.free
+        self._counters.rows += len(rows)
         start = self._segment_start
         replay = tuple(s.taken - b for s, b in zip(self._streams, self._taken_base)) if self._since else ()
         self._state = LaneState(start.sentinels, start.positions, self._since, start.carry, start.clock, replay)

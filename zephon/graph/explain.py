@@ -36,9 +36,13 @@ class ValidationReport:
     """What :meth:`Pipeline.validate` saw: records per source, per stateless operator, per accumulator."""
 
     records_read: dict[str, int] = field(default_factory=dict)
+    """Source name -> records read from it."""
     after_transforms: dict[str, int] = field(default_factory=dict)
+    """Source name -> its documents after its stateless operators."""
     lane_outputs: dict[str, int] = field(default_factory=dict)
+    """Lane operator name (the operators after the merge: accumulators, packing, batching) -> records it gave."""
     rows: int = 0
+    """What the lane's last operator gave (rows)."""
 
     def __str__(self) -> str:
         return (f"read {self.records_read}; after the stateless operators {self.after_transforms}; "

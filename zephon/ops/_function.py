@@ -27,8 +27,6 @@ ON_ERROR = ("raise", "skip")
 class FunctionTransform(Transform):
     """Shared plumbing: the function, its identity, error policy and messages."""
 
-    verb = "call"
-
     def __init__(self, fn: Callable[..., Any], name: str | None = None, sources: Sequence[str] | None = None,
                  executor: str | None = None, version: str | int | None = None, on_error: str = "raise",
                  token_fields: Mapping[str, Any] | None = None) -> None:

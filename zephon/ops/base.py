@@ -60,12 +60,19 @@ class LaneContext:
     ``release`` (the sentinel's, see :class:`~zephon.records.Flush`)."""
 
     seed: int
+    """The pipeline's seed."""
     lane: int
+    """The lane this accumulator runs in."""
     segment: int = 0
+    """How many flush sentinels the lane has passed: the instance is fresh for this segment."""
     sources: tuple[str, ...] = ()
+    """The sources' names, in declaration order."""
     carry: int = 0
-    clock: Any = field(default=None, compare=False)  # the lane's step clock (zephon.engine.clock.LaneClock)
+    """At a resume: the leading tokens the packer drops (the ``carry`` of the sentinel the lane restarts at)."""
+    clock: Any = field(default=None, compare=False)
+    """The lane's step clock (:class:`zephon.engine.clock.LaneClock`; None outside a lane)."""
     release: int = -1
+    """At a resume: when the packer released its held row after the sentinel (the sentinel's ``release``)."""
 
     def rng(self, purpose: str | int) -> np.random.Generator:
         """A generator seeded by (seed, lane, segment, purpose) only.
@@ -80,7 +87,11 @@ class LaneContext:
         return rng_for(self.seed, self.lane, self.segment, key)
 
     def after_flush(self) -> "LaneContext":
-        """The context of a fresh instance for the segment after the next sentinel."""
+        """The context of a fresh instance for the segment after the next sentinel.
+
+        Returns:
+            This context with ``segment`` + 1 and no ``carry`` or ``release``.
+        """
         return replace(self, segment=self.segment + 1, carry=0, release=-1)
 
 
@@ -259,9 +270,8 @@ class Transform(Operator):
     """A stateless operator: a pure function of a batch of records. Subclass it and implement :meth:`apply`.
 
     Its output depends on its input alone, so it may run on any executor, any number of times (a resume
-    re-reads from the last sentinel). ``executor``: None (the loader's runner) or a kind ("inline", "thread",
-    "process", "ray") for the stage this transform runs in. ``token_fields``: per-token fields this transform
-    adds (name -> the value a document without the field gets when packed next to one that has it).
+    re-reads from the last sentinel). Every public attribute you set in ``__init__`` is a parameter, in the
+    fingerprint; what you derive from them (a loaded model) belongs in private attributes (``self._x``).
 
     Example, a transform that keeps documents of at least ``n`` tokens and marks them::
 
@@ -272,15 +282,28 @@ class Transform(Operator):
 
             def apply(self, columns):
                 return np.array([len(ids) >= self.n for ids in columns["input_ids"]])   # a keep-mask
+
+    Args:
+        name: its name in messages and ``explain()`` (None: the class's name).
+        sources: the sources it applies to (None: all; before the merge only).
+        executor: None (the loader's runner) or the executor kind of the stage it runs in: ``"inline"``,
+            ``"thread"``, ``"process"`` or ``"ray"``.
+
+    Raises:
+        PipelineError: an empty ``name`` or an unknown ``executor``.
     """
 
     stateful = False
+    """False: a transform holds no state between batches (accumulators do)."""
     token_fields: Mapping[str, Any] = {}
+    """Per-token fields this transform adds: name -> the value a document without the field gets when packed
+    next to one that has it (a class attribute, or set in ``__init__``)."""
 
     def __init__(self, name: str | None = None, sources: Sequence[str] | None = None,
                  executor: str | None = None) -> None:
         super().__init__(name, sources)
         self.executor = check_executor(executor, self.op or type(self).__name__)
+        """The executor kind of its stage (None: the loader's runner); not fingerprinted."""
 
     def setup(self) -> None:
         """Load heavy state (tokenizers, templates) once per process, before the first batch."""
@@ -288,17 +311,19 @@ class Transform(Operator):
     def apply(self, columns: dict[str, Any]) -> Any:
         """Transform a batch of records, given as columns.
 
+        It returns one of:
+
+        - columns with as many records as given (a map; new fields are added, missing ones dropped);
+        - a boolean array, one entry per record: the records to keep (a filter);
+        - ``(columns, counts)``: record ``j`` became ``counts[j]`` records (zero or more), given in order
+          in ``columns`` (one-to-many; a lane can checkpoint between two of them).
+
         Args:
             columns: field name -> a list (or array) with one value per record; per-token fields
                 (``input_ids``, ``loss_mask``...) as a list of 1-D arrays. The batch is yours to modify.
 
         Returns:
-            One of:
-
-            - columns with as many records as given (a map; new fields are added, missing ones dropped);
-            - a boolean array, one entry per record: the records to keep (a filter);
-            - ``(columns, counts)``: record ``j`` became ``counts[j]`` records (zero or more), given in order
-              in ``columns`` (one-to-many; a lane can checkpoint between two of them).
+            Columns, a boolean keep-mask, or ``(columns, counts)``, as listed above.
         """
         raise NotImplementedError(f"{type(self).__qualname__} must implement apply(columns)")
 
@@ -369,13 +394,32 @@ class Accumulator:
 
     ``push(record)`` returns the records that can be emitted now (any number, any order the operator
     decides deterministically); ``flush()`` returns everything still held, at a sentinel; after it the
-    instance equals a fresh one built for the next segment.
+    instance equals a fresh one built for the next segment. :func:`zephon.testing.check_accumulator` checks
+    both for your own.
     """
 
     def push(self, record: Any) -> Iterable[Any]:
+        """Take the lane's next record.
+
+        Args:
+            record: the next record (a :class:`zephon.Doc`, or what the operator before emitted), in the lane's
+                order.
+
+        Returns:
+            The records that may be emitted now, in order (any number, none included). A decision may use
+            only the records pushed so far and ``ctx.rng(...)``, never the clock or a global random state.
+        """
         raise NotImplementedError(type(self))
 
     def flush(self) -> Iterable[Any]:
+        """Emit everything still held, at a flush sentinel.
+
+        Afterwards the instance must behave exactly like a fresh one built for the next segment
+        (``factory(ctx.after_flush())``): that is what lets a lane resume at the sentinel.
+
+        Returns:
+            The records still held, in order (none by default).
+        """
         return ()
 
 
@@ -383,16 +427,35 @@ class Merge(Accumulator):
     """An accumulator fed by several sources: it chooses which source's next record it wants."""
 
     def next_source(self) -> int:
-        """Index of the source whose next record must be pushed next (-1: none is left)."""
+        """Which source's record must be pushed next.
+
+        Returns:
+            The index of the source, in declaration order (-1: none is left).
+        """
         raise NotImplementedError(type(self))
 
     def push_from(self, record: Any, source: int) -> Iterable[Any]:
-        """``record`` is the next record of source ``source`` (the one :meth:`next_source` named)."""
+        """Take the next record of a source (the one :meth:`next_source` named).
+
+        Args:
+            record: that source's next record.
+            source: the index of the source, in declaration order.
+
+        Returns:
+            The records that may be emitted now, as :meth:`Accumulator.push` (by default, ``push(record)``).
+        """
         return self.push(record)
 
     def source_ended(self, source: int) -> None:
-        """Source ``source`` stopped (after its passes): never name it again; :meth:`next_source` returns -1
-        once no source is left."""
+        """A source stopped (after its passes): never name it again; :meth:`next_source` returns -1 once no
+        source is left.
+
+        Args:
+            source: the index of the source that stopped, in declaration order.
+
+        Raises:
+            NotImplementedError: this merge does not handle sources that stop (the default).
+        """
         raise NotImplementedError(f"{type(self).__name__} does not handle sources that stop")
 
 

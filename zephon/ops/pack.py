@@ -27,7 +27,7 @@ piece that overflows is cut; its head's tail label is the next token). Then the 
 sentinel forwarded with ``carry`` = the number of post-sentinel tokens the row took. A packer rebuilt
 at that sentinel (a resume) is given ``skip=carry`` and drops exactly those tokens, so it continues as
 the original did. A flush therefore costs no padding at all, unless the segment after it holds fewer
-tokens than the held row lacks: then the row is padded (``flush_pad_tokens``) when the next sentinel
+tokens than the held row lacks: then the row is padded (``flush_pad_fraction`` in metrics) when the next sentinel
 arrives, and ``carry`` is that whole segment.
 
 Worked example, ``seq_len = 8``, ``max_open_bins = 2``, documents of lengths 5, 4, 3, 2, 6::
@@ -54,7 +54,7 @@ another bin (best/first fit) or closes the row (wrap). Where a cut would fall in
 the wrap-up of the open bins at a flush, the top-up of the held row), the row is closed there and the
 image starts the next one: the row is padded by at most the image's span less one token (or by what the
 limits leave unused). So a flush costs no padding for rows of text, and for rows with images at most one
-image span per row the wrap-up makes, plus one for the held row (``flush_pad_tokens``; measured in
+image span per row the wrap-up makes, plus one for the held row (``flush_pad_fraction`` in metrics; measured in
 ``tests/test_multimodal_pack.py``). The replay state is unchanged: ``carry`` tokens, at a cut that is
 never inside an image.
 

@@ -1,12 +1,12 @@
 """``tokenize_images``: text with images to ``input_ids``, each image expanded to its token count.
 
-Runs after :class:`~zephon.ops.image.DecodeImages` (which made ``images`` and ``image_grid_thw``). Per
+Runs after :class:`~zephon.ops.decode_images.DecodeImages` (which made ``images`` and ``image_grid_thw``). Per
 record it lays out *parts* in order, text pieces and images, tokenizes every text piece of the chunk in
 one batched call (no BOS/EOS per piece), and writes each image as ``[image_start] + [image_pad] * n +
 [image_end]`` (start and end optional), ``n = t * h * w // merge**2`` from the image's grid. The
 document is framed with the tokenizer's BOS/EOS like ``tokenize`` does.
 
-The layout of a record (see :mod:`zephon.ops.image` for the data side):
+The layout of a record (see :mod:`zephon.ops.decode_images` for the data side):
 
 - ``field`` holds a string (or None): a caption. Each ``placeholder`` (``"<image>"``) in it stands for
   the next image of ``images``; images without a placeholder go before the text (``unplaced_images
@@ -20,7 +20,7 @@ The layout of a record (see :mod:`zephon.ops.image` for the data side):
 (start, pad or end), 1 elsewhere, so ``labels`` is -100 wherever an image token would be predicted; with
 ``loss_on_images=True`` it is 1 everywhere. ``images`` and ``image_grid_thw`` come out compacted to the
 images that were placed, in order, with ``image_spans`` (each image's token offsets): the output contract
-of :mod:`zephon.ops.image`. A record with neither
+of :mod:`zephon.ops.decode_images`. A record with neither
 text nor an image is skipped and counted (``blank_records``).
 """
 

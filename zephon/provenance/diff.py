@@ -32,8 +32,9 @@ class DiffReport:
         first_step: the first global step whose batches differ (None: none of the compared steps).
         lanes: the lanes whose rows differ at ``first_step`` (empty when the two cut their batches into lanes
             differently: then whole batches are compared).
-        tokens_a, tokens_b: per source name, the tokens delivered at each step (records, for a pipeline without
+        tokens_a: per source name, the tokens ``a`` delivered at each step (records, for a pipeline without
             ``pack()``), ``int64 [steps]``.
+        tokens_b: the same for ``b``.
         first_step_of_lane: per lane, the first step where it differs (lanes that never do are absent).
     """
 
@@ -70,7 +71,11 @@ class DiffReport:
 
     def plot(self, path: str) -> None:
         """Draw the delivered tokens per source and step of both pipelines (a solid, b dashed), and the first
-        differing step, into the PNG ``path`` (needs matplotlib)."""
+        differing step (needs matplotlib).
+
+        Args:
+            path: the PNG file to write.
+        """
         import matplotlib
 
         matplotlib.use("Agg")
@@ -104,10 +109,13 @@ def diff(a: Any, b: Any, steps: int, *, state_a: Any = None, state_b: Any = None
     """Compare two pipelines' first ``steps`` global batches (from their states, if given), lane by lane.
 
     Args:
-        a, b: :class:`~zephon.Pipeline` objects or recipes (provenance is turned on in both; it changes no byte).
+        a: a :class:`~zephon.Pipeline` or a recipe (provenance is turned on; it changes no byte).
+        b: the other one.
         steps: how many global steps to compare.
-        state_a, state_b: loader states (dicts or paths) to start each from (None: the start).
-        num_workers, runner: as for :func:`zephon.build_loader`, for both.
+        state_a: a loader state (dict or path) to start ``a`` from (None: the start).
+        state_b: the same for ``b``.
+        num_workers: as for :func:`zephon.build_loader`, for both.
+        runner: as for :func:`zephon.build_loader`, for both.
 
     Returns:
         A :class:`DiffReport`.

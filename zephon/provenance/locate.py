@@ -50,7 +50,10 @@ class Location:
     """Where a record goes: its landings (iterate over them), or why it makes none.
 
     Attributes:
-        source, file, record, coord: the record asked for (``file`` relative to the source's root).
+        source: the source's name.
+        file: the file, relative to the source's root.
+        record: where the record starts in it.
+        coord: what ``record`` counts (``"row"``, ``"byte"``...).
         tokens: the tokens the record's document has after the stateless operators (0 if dropped).
         landings: every landing, pass by pass, in step order.
         dropped_by: the operator that dropped the record (its name), or None.
@@ -94,7 +97,8 @@ def locate(pipeline: Any, source: str, file: str, record: int, *, passes: int = 
         passes: how many passes over the source to follow (a source that repeats is read once per pass).
         state: a loader state (dict or path) to start from instead of the start: landings before it are not
             found.
-        num_workers, runner: as for :func:`zephon.build_loader` (the lane's stateless work).
+        num_workers: as for :func:`zephon.build_loader` (workers for the stateless work).
+        runner: as for :func:`zephon.build_loader`.
 
     Returns:
         A :class:`Location`: iterate it for the landings; ``dropped_by`` names the operator that dropped the

@@ -28,7 +28,8 @@ def trace(pipeline: Any, step: int, rows: Sequence[int] | None = None, *, state:
         state: a loader state (dict, or a state file's path) saved at a step at or before ``step``: the lanes
             replay from there instead of from the start.
         decode: decode each piece's tokens into ``Segment.text`` with the pipeline's tokenizer.
-        num_workers, runner: as for :func:`zephon.build_loader` (the lanes' stateless work).
+        num_workers: as for :func:`zephon.build_loader` (workers for the stateless work).
+        runner: as for :func:`zephon.build_loader`.
 
     Returns:
         One :class:`~zephon.provenance.segments.Segment` per piece, by row and then position in the row.

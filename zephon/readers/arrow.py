@@ -27,7 +27,6 @@ from .base import DEFAULT_DOC_LIMIT, DocLimit, LRU
 from ..errors import SourceError
 from .columnar import ColumnarReader
 
-EXTENSIONS = (".arrow", ".arrows", ".feather", ".ipc")
 _FILE_MAGIC = b"ARROW1"
 
 

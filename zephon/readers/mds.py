@@ -23,7 +23,7 @@ pixels) and ``pkl`` stay refused.
 The reader decodes this layout itself, with numpy and fsspec, rather than through the library's
 ``MDSReader`` (one sample per call, local files only) or by importing ``streaming``, whose package
 import pulls in torchvision, which cannot be loaded next to the CPU build of torch (see
-``plugins/README_FORMATS.md``). The tests write every MDS dataset with the library's ``MDSWriter``.
+docs/guides/sources.md, "Installing the readers"). The tests write every MDS dataset with the library's ``MDSWriter``.
 """
 
 from __future__ import annotations

@@ -32,53 +32,102 @@ from ..specs import (MIX_BY, OVERSIZE_POLICIES, PACK_ALGORITHMS, SEED_LIMIT, SOU
 
 @dataclass(frozen=True)
 class Recipe:
-    """A parsed, validated recipe. Build one with :func:`load_recipe` or :func:`recipe_from_dict`."""
+    """A parsed, validated recipe. Build one with :func:`load_recipe` or :func:`recipe_from_dict`.
+
+    Its fields are the recipe's keys (docs/reference/recipe.md); a classic recipe sets them all, an ``[[ops]]``
+    recipe holds its operator tables in ``ops`` and takes ``seq_len``, ``batch_per_lane`` and ``tokenizer``
+    from its ``pack``, ``batch`` and first tokenizing operators.
+    """
 
     seed: int
+    """Decides all randomness, an integer in ``[0, 2**63)``."""
     lanes: int
+    """The number of logical streams, fixed for a run: world sizes must divide it."""
     seq_len: int
+    """Tokens per packed row (1 for a pipeline without ``pack``: a row is a record)."""
     batch_per_lane: int
+    """Rows each lane adds to every global batch."""
     tokenizer: TokenizerSpec
+    """The tokenizer (an ``[[ops]]`` recipe's first tokenizing operator's)."""
     sources: tuple[SourceSpec, ...]
+    """The ``[[sources]]`` tables, in order."""
     flush_every: int = 8
-    flush_by: str = "chunks"  # the sentinel cadence counts completed "chunks" or "units" (zephon.engine.sentinels)
-    partial_batch: str = "drop"  # sources that stop: "drop" the last global batch some lane cannot fill, or "pad" it
-    provenance: bool = False  # every batch carries a provenance tensor (zephon.origins; not fingerprinted)
+    """Completed chunks (or units) per lane between flush sentinels."""
+    flush_by: str = "chunks"
+    """What ``flush_every`` counts: ``"chunks"`` or ``"units"`` (:mod:`zephon.engine.sentinels`)."""
+    partial_batch: str = "drop"
+    """Sources that stop: ``"drop"`` the last global batch some lane cannot fill, or ``"pad"`` it."""
+    provenance: bool = False
+    """Every batch carries a ``provenance`` tensor (:mod:`zephon.origins`; not fingerprinted)."""
     pack: PackSpec = field(default_factory=PackSpec)
+    """``[pack]``: the packing algorithm."""
     mix_by: str = "tokens"
-    # [mix.schedule]: weights over training steps ({interpolate, points: [{step, weights}]}; zephon.ops.schedule)
+    """``[mix] by``: the mixture by ``"tokens"`` or ``"documents"``."""
     mix_schedule: Any = field(default=None, hash=False)
-    shuffle_buffer: int = 0  # documents held by the per-lane shuffle buffer; 0 disables it
-    max_doc_tokens: int | None = None  # documents are split into pieces of at most this; default seq_len
-    chunk_rows: int = 64  # rows per stateless read+tokenize task (Parquet): small keeps start-up and memory low
-    chunk_bytes: int = 256 << 10  # bytes per task for plain JSONL
-    unit_bytes: int = 64 << 20  # plain JSONL files are cut into units of at most this many bytes
-    cache_bytes: int = 1 << 30  # decoded Parquet row groups kept per process (speed only)
-    max_doc_bytes: int = 16 << 20  # a larger document (JSONL: line) is handled by `oversize` (readers.base.DocLimit)
-    oversize: str = "skip"  # "skip" (and count), "truncate" (at a UTF-8 boundary) or "error"
-    storage: StorageSpec = field(default_factory=StorageSpec)  # object-store retries and cache (not fingerprinted)
-    origin: str = "<dict>"  # the file it came from, for messages
-    # An [[ops]] recipe: its operator tables, in order (zephon/recipe/to_pipeline.py); seq_len, batch_per_lane
-    # and tokenizer above are then read from its pack, batch and first tokenize operators. Empty: the classic chain.
+    """``[mix.schedule]``: weights over training steps (a :class:`zephon.Schedule`, or None)."""
+    shuffle_buffer: int = 0
+    """Documents held by the per-lane shuffle buffer (0: no shuffle)."""
+    max_doc_tokens: int | None = None
+    """Documents are split into pieces of at most this many tokens (None: ``seq_len``)."""
+    chunk_rows: int = 64
+    """``[read]``: rows per stateless task (row formats): small keeps start-up and memory low."""
+    chunk_bytes: int = 256 << 10
+    """``[read]``: bytes per task for plain JSON Lines."""
+    unit_bytes: int = 64 << 20
+    """``[read]``: plain JSON Lines files are cut into units of at most this many bytes."""
+    cache_bytes: int = 1 << 30
+    """``[read]``: decoded data kept per process, in bytes (speed only)."""
+    max_doc_bytes: int = 16 << 20
+    """``[read]``: a larger document (JSON Lines: line) is handled by ``oversize``."""
+    oversize: str = "skip"
+    """``[read]``: ``"skip"`` (and count), ``"truncate"`` (at a UTF-8 boundary) or ``"error"``."""
+    storage: StorageSpec = field(default_factory=StorageSpec)
+    """``[storage]``: object-store retries and cache (not fingerprinted)."""
+    origin: str = "<dict>"
+    """The file it came from, for messages."""
     ops: tuple = field(default=(), repr=False)
+    """An ``[[ops]]`` recipe's operator tables, in order (zephon/recipe/to_pipeline.py); empty: the classic chain."""
 
     @property
     def global_batch_size(self) -> int:
+        """Rows in every global batch: ``lanes * batch_per_lane``."""
         return self.lanes * self.batch_per_lane
 
     @property
     def split_len(self) -> int:
+        """The longest piece documents are split into: ``max_doc_tokens``, else ``seq_len``."""
         return self.max_doc_tokens or self.seq_len
 
     def to_pipeline(self, text_map: Any = None, text_filter: Any = None) -> Any:
-        """This recipe as the :class:`~zephon.pipeline.Pipeline` it spells (``text_map``/``text_filter``: the
-        legacy per-document text hooks, as operators before ``tokenize``)."""
+        """This recipe as the :class:`~zephon.pipeline.Pipeline` it spells.
+
+        Args:
+            text_map: a classic recipe's per-document text hook, ``fn(text) -> text``, run as an operator
+                before ``tokenize`` (None: none).
+            text_filter: a classic recipe's per-document filter, ``fn(text) -> bool``, likewise (None: none).
+
+        Returns:
+            The pipeline, with the same fingerprint as the recipe.
+
+        Raises:
+            RecipeError: an operator table is not valid (naming it).
+        """
         from .to_pipeline import recipe_to_pipeline
 
         return recipe_to_pipeline(self, text_map, text_filter)
 
     def replace(self, **changes: Any) -> "Recipe":
-        """A copy with some fields changed (validated again)."""
+        """A copy with some fields changed (validated again).
+
+        Args:
+            **changes: field name -> new value.
+
+        Returns:
+            The new recipe; this one is unchanged.
+
+        Raises:
+            RecipeError: a value out of range, naming the key.
+        """
         return _validate(dataclasses.replace(self, **changes))
 
 
@@ -138,10 +187,23 @@ def _source_paths(value: Any, where: str, origin: str) -> list[str]:
 
 def recipe_from_dict(data: Mapping[str, Any], base_dir: str | os.PathLike | None = None,
                      origin: str = "<dict>") -> Recipe:
-    """Build a :class:`Recipe` from the TOML structure; relative paths resolve against ``base_dir``.
+    """Build a :class:`Recipe` from the TOML structure (a dict as ``tomllib`` reads it).
 
     Values are taken as written, never converted: ``lanes = 2.5``, ``lanes = true`` or ``lanes = "8"``
-    is an error naming the key, not a run with 2, 1 or 8 lanes (see :func:`_validate`)."""
+    is an error naming the key, not a run with 2, 1 or 8 lanes.
+
+    Args:
+        data: the recipe's tables and keys.
+        base_dir: the folder relative paths (sources, tokenizer, cache) resolve against (None: left as they are,
+            relative to the working directory).
+        origin: where the data came from, for messages.
+
+    Returns:
+        The validated recipe.
+
+    Raises:
+        RecipeError: an unknown or missing key, or a value of the wrong type or out of range (naming it).
+    """
     base = Path(base_dir) if base_dir is not None else None
     if not isinstance(data, Mapping):
         raise RecipeError(f"{origin}: a recipe is a table of keys, got {type(data).__name__}.")
@@ -269,7 +331,7 @@ def _sources(data: Mapping[str, Any], base: Path | None, origin: str) -> list[So
             raise RecipeError(f"{origin}: {where} must be a table (name, path, format...), got {src!r}.")
         _check_keys(src, _SOURCE_KEYS, where, origin)
         paths = _source_paths(_require(src, "path", where, origin), where, origin)
-        options = src.get("storage_options")  # object stores: see zephon/storage.py
+        options = src.get("storage_options")  # object stores: see zephon/storage/
         if options is not None and not isinstance(options, Mapping):
             raise RecipeError(f"{origin}: {where}: 'storage_options' must be a table of fsspec options "
                               f"(e.g. storage_options = {{ endpoint_url = \"http://...\", anon = true }}).")
@@ -330,7 +392,18 @@ def _storage(table: Mapping[str, Any], base: Path | None, origin: str) -> Storag
 
 
 def load_recipe(path: str | os.PathLike) -> Recipe:
-    """Parse and validate a recipe TOML file. Paths inside resolve relative to the file."""
+    """Parse and validate a recipe TOML file. Paths inside resolve relative to the file's folder.
+
+    Args:
+        path: the ``.toml`` file.
+
+    Returns:
+        The validated recipe (``recipe.to_pipeline()``, or pass it to :func:`zephon.build_loader`).
+
+    Raises:
+        RecipeFileError: no such file, or a folder.
+        RecipeError: not valid TOML, or not a valid recipe (naming the key).
+    """
     p = Path(path)
     if p.is_dir():
         inside = sorted(q.name for q in p.glob("*.toml") if q.is_file())
@@ -414,7 +487,7 @@ def _validate(r: Recipe) -> Recipe:
     _choice(r.pack.algorithm, "pack.algorithm", PACK_ALGORITHMS, o)
     _positive(r.pack.max_open_bins, "pack.max_open_bins", o)
     _choice(r.mix_by, "mix.by", MIX_BY, o)
-    st = r.storage  # [storage]: object stores (zephon/storage.py)
+    st = r.storage  # [storage]: object stores (zephon/storage/)
     _string(st.cache_dir, "storage.cache_dir", o, optional=True)
     _positive(st.cache_max_bytes, "storage.cache_max_bytes", o)
     _positive(st.cache_block_bytes, "storage.cache_block_bytes", o)

@@ -42,6 +42,12 @@ def load_pipeline(ref: Any) -> Pipeline | Recipe:
     """A pipeline or recipe from a reference: a :class:`Pipeline` or :class:`Recipe` as it is, a recipe file path
     (``.toml``), or ``"package.module:name"`` naming a Pipeline (or a function of no arguments returning one).
 
+    Args:
+        ref: the reference (what ``zephon run``, ``zephon verify`` and the plugins take).
+
+    Returns:
+        The pipeline or recipe (build either with :func:`zephon.build_loader`).
+
     Raises:
         RecipeError: a reference that names nothing of the kind, or a bad recipe.
     """

@@ -4,7 +4,7 @@
 - :mod:`zephon.state.checkpoint`: the loader state (lane-keyed, versioned, fingerprinted, digested),
   merging the ranks' states, saving and loading.
 
-The fingerprint itself is computed from the compiled pipeline (:mod:`zephon.compile`).
+The fingerprint itself is computed from the compiled pipeline (:mod:`zephon.graph.fingerprint`).
 """
 
 from .checkpoint import (STATE_FORMAT, STATE_VERSION, check_compatible, check_container, load_state, merge_states,

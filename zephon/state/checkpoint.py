@@ -238,7 +238,15 @@ def state_json(state: Mapping[str, Any]) -> str:
 
 
 def save_state(state: Mapping[str, Any], path: str | Path) -> None:
-    """Write a state as JSON atomically and durably: a crash leaves the old file or the new one, whole."""
+    """Write a state as JSON atomically and durably: a crash leaves the old file or the new one, whole.
+
+    Args:
+        state: a loader state (``loader.state_dict()``, or :func:`merge_states` of every rank's).
+        path: the file to write (replaced atomically).
+
+    Raises:
+        OSError: the file cannot be written.
+    """
     p = Path(path)
     tmp = p.with_suffix(p.suffix + ".tmp")
     data = state_json(state).encode()
@@ -258,7 +266,18 @@ def save_state(state: Mapping[str, Any], path: str | Path) -> None:
 
 
 def load_state(path: str | Path) -> dict[str, Any]:
-    """Read a state written by :func:`save_state` (checked when it is loaded into a loader)."""
+    """Read a state written by :func:`save_state` (checked when it is loaded into a loader).
+
+    Args:
+        path: the JSON file.
+
+    Returns:
+        The state, for ``loader.load_state_dict``.
+
+    Raises:
+        StateError: the file is not JSON.
+        OSError: the file cannot be read.
+    """
     try:
         return json.loads(Path(path).read_text(encoding="utf-8"))
     except (ValueError, UnicodeDecodeError) as exc:

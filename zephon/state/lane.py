@@ -39,16 +39,29 @@ MAX_REPLAY_HINT = 2 ** 20  # chunks since a sentinel: far above any cadence (the
 
 @dataclass(frozen=True)
 class LaneState:
-    """A lane's resumable state (see the module docstring)."""
+    """A lane's resumable state: where its last flush sentinel before its last delivered row stood (see the
+    module docstring)."""
 
     sentinels: int
+    """How many sentinels the lane had passed there (its segment number)."""
     positions: dict[str, tuple[int, int, int]]
+    """Per source name, ``(unit_seq, cursor, skip)`` of its reader at the sentinel."""
     rows_since_flush: int
+    """Rows of this lane delivered after the sentinel."""
     carry: int = 0
+    """Tokens after the sentinel that went into the row before it (the packer's top-up)."""
     clock: tuple[int, int] = (0, -1)
+    """``(rows, release)``: the lane's step clock at the sentinel (:mod:`zephon.engine.clock`)."""
     replay: tuple[int, ...] = ()
+    """Per source, the chunks the lane had taken since the sentinel: a replay hint (speed only)."""
 
     def to_dict(self) -> dict[str, Any]:
+        """The state as JSON data, as a loader state holds it per lane.
+
+        Returns:
+            ``{"sentinels", "positions": {source: [unit_seq, cursor, skip]}, "rows_since_flush", "carry",
+            "clock"}``, and ``"replay"`` when there is a hint.
+        """
         d = {"sentinels": self.sentinels, "positions": {k: list(v) for k, v in self.positions.items()},
              "rows_since_flush": self.rows_since_flush, "carry": self.carry, "clock": list(self.clock)}
         if self.replay:
@@ -57,6 +70,14 @@ class LaneState:
 
     @staticmethod
     def initial(names: Sequence[str]) -> "LaneState":
+        """The state of a lane that has not started: no sentinel passed, every source at its first unit.
+
+        Args:
+            names: the pipeline's source names.
+
+        Returns:
+            The initial state.
+        """
         return LaneState(0, {n: (0, -1, 0) for n in names}, 0)
 
 

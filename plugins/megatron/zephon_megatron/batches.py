@@ -43,7 +43,8 @@ from typing import Any
 
 import torch
 
-IGNORE_INDEX = -100  # zephon.IGNORE; duplicated to keep this module importable on its own
+IGNORE_INDEX = -100
+"""``zephon.IGNORE``, repeated here to keep this module importable on its own."""
 
 
 class MegatronBatches:
@@ -53,6 +54,25 @@ class MegatronBatches:
     boundary (Megatron saves checkpoints between iterations). ``step`` counts whole Zephon steps
     delivered; ``resume_step``/``resume_iteration`` record where this run's data started, so that
     the checkpoint hook can check that one Zephon step was consumed per Megatron iteration.
+
+    Args:
+        loader: this data-parallel rank's :class:`zephon.ZephonLoader`.
+        micro_batch_size: rows per micro-batch (``--micro-batch-size``).
+        num_microbatches: micro-batches per iteration: one Zephon step is ``micro_batch_size *
+            num_microbatches`` rows.
+        pad_id: the id written on label positions that have no label (``loss_mask`` 0 there).
+        reset_position_ids: ``position_ids`` restart at every document (``--reset-position-ids``), else run
+            ``0..S-1``.
+        attention_mask: add ``attention_mask`` (``--create-attention-mask-in-dataloader``).
+        document_mask: the attention mask is also cut at document boundaries (``--reset-attention-mask``).
+        cu_seqlens: add ``cu_seqlens`` (``--zephon-cu-seqlens``; needs ``micro_batch_size`` 1).
+        split: ``"train"`` or ``"valid"``, for messages and the data state's file names.
+        resume_step: the loader's step where this run's data started.
+        resume_iteration: Megatron's iteration where this run started.
+
+    Raises:
+        ValueError: ``cu_seqlens`` with ``micro_batch_size`` other than 1, or image batches Megatron cannot take
+            (``pixels="lists"``, mrope positions without ``reset_position_ids``).
     """
 
     def __init__(self, loader: Any, micro_batch_size: int, num_microbatches: int, *, pad_id: int,
@@ -60,19 +80,30 @@ class MegatronBatches:
                  cu_seqlens: bool = False, split: str = "train", resume_step: int = 0,
                  resume_iteration: int = 0) -> None:
         self.loader = loader
+        """The rank's :class:`zephon.ZephonLoader`."""
         self.micro_batch_size = int(micro_batch_size)
+        """Rows per micro-batch."""
         self.num_microbatches = int(num_microbatches)
+        """Micro-batches per iteration (one Zephon step)."""
         self.pad_id = int(pad_id)
+        """The id written on label positions without a label."""
         self.reset_position_ids = reset_position_ids
+        """Whether ``position_ids`` restart at every document."""
         self.attention_mask = attention_mask
+        """Whether micro-batches carry ``attention_mask``."""
         self.document_mask = document_mask
+        """Whether the attention mask is cut at document boundaries."""
         self.cu_seqlens = cu_seqlens
+        """Whether micro-batches carry ``cu_seqlens``."""
         if cu_seqlens and self.micro_batch_size != 1:
             raise ValueError(f"cu_seqlens (--zephon-cu-seqlens) needs --micro-batch-size 1 (Megatron's "
                              f"packed-sequence path takes one row per micro-batch), got {self.micro_batch_size}.")
-        self.data_split = split  # not `split`: Megatron duck-types `dataset.split` (a Split enum)
+        self.data_split = split
+        """``"train"`` or ``"valid"`` (not ``split``: Megatron duck-types ``dataset.split``, a Split enum)."""
         self.resume_step = int(resume_step)
+        """The loader's step where this run's data started."""
         self.resume_iteration = int(resume_iteration)
+        """Megatron's iteration where this run started."""
         self._micro = 0
         self._batch: dict[str, torch.Tensor] | None = None
         self._seq_len = int(loader.pipeline.seq_len)
@@ -89,6 +120,7 @@ class MegatronBatches:
 
     @property
     def at_step_boundary(self) -> bool:
+        """Whether the next micro-batch starts a Zephon step (no step is part-way handed out)."""
         return self._micro == 0
 
     def __iter__(self) -> MegatronBatches:
@@ -111,7 +143,16 @@ class MegatronBatches:
         return out
 
     def micro_batch(self, batch: dict[str, torch.Tensor], rows: slice) -> dict[str, torch.Tensor]:
-        """Megatron's dict for ``rows`` of a Zephon batch (see the module docstring)."""
+        """Megatron's dict for some rows of a Zephon batch (see the module docstring).
+
+        Args:
+            batch: a Zephon batch (one step of this rank).
+            rows: the micro-batch's rows, a contiguous slice.
+
+        Returns:
+            The micro-batch: ``tokens``, ``labels``, ``loss_mask``, ``position_ids``, and as configured
+            ``attention_mask``, ``cu_seqlens`` and the image keys.
+        """
         from zephon.batches.rows import select_rows
         from zephon.batches.images import IMAGE_KEYS
 
@@ -145,7 +186,14 @@ class MegatronBatches:
 
     # -- state ----------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        """The loader's lane-keyed state after the last whole step (JSON-serialisable)."""
+        """The loader's lane-keyed state after the last whole step (JSON-serialisable).
+
+        Returns:
+            The state (``loader.state_dict()``).
+
+        Raises:
+            RuntimeError: asked for in the middle of a step (the iteration consumed a partial step).
+        """
         if self._micro:
             raise RuntimeError(f"the {self.data_split} data state was asked for after {self._micro} of "
                                f"{self.num_microbatches} micro-batches of a step; Megatron saves between "
@@ -155,10 +203,15 @@ class MegatronBatches:
 
     def save_state(self) -> dict[str, Any]:
         """For Megatron-LM's ``--dataloader-save`` hook (``maybe_save_dataloader_state``), which stores
-        it per data-parallel rank; the elastic, lane-keyed save is :func:`zephon_megatron.save_data_state`."""
+        it per data-parallel rank; the elastic, lane-keyed save is :func:`zephon_megatron.save_data_state`.
+
+        Returns:
+            :meth:`state_dict`.
+        """
         return self.state_dict()
 
     def close(self) -> None:
+        """Close the loader (stop its workers)."""
         self.loader.close()
 
 
@@ -174,14 +227,25 @@ class EvaluationBatches(MegatronBatches):
     recipe's beginning for the next evaluation. The position is therefore always "at the start of an
     evaluation" between iterations: there is no state to checkpoint, and a resumed run evaluates the
     same set in the same batches.
+
+    Args:
+        loader: this data-parallel rank's loader of the validation recipe.
+        micro_batch_size: rows per micro-batch.
+        num_microbatches: micro-batches per evaluation iteration.
+        steps_per_pass: Zephon steps in one pass of the validation set (the last one padded).
+        start_state: the loader's state at the recipe's beginning, restored before every evaluation.
+        **kw: the other options of :class:`MegatronBatches`.
     """
 
     def __init__(self, loader: Any, micro_batch_size: int, num_microbatches: int, *, steps_per_pass: int,
                  start_state: dict[str, Any], **kw: Any) -> None:
         super().__init__(loader, micro_batch_size, num_microbatches, **kw)
         self.steps_per_pass = int(steps_per_pass)
-        self.start_state = start_state  # the loader's state at the recipe's beginning
-        self.evaluations = 0  # passes begun
+        """Zephon steps in one pass of the validation set."""
+        self.start_state = start_state
+        """The loader's state at the recipe's beginning."""
+        self.evaluations = 0
+        """Evaluations (passes) begun."""
         self._served = 0  # steps of the current pass handed out (counting a step at its first micro-batch)
 
     def __len__(self) -> int:
@@ -204,6 +268,11 @@ class EvaluationBatches(MegatronBatches):
         return super().__next__()
 
     def state_dict(self) -> dict[str, Any]:
+        """Refused: this iterator restarts at every evaluation, so it has no position to save.
+
+        Raises:
+            RuntimeError: always.
+        """
         raise RuntimeError("this validation iterator restarts at every evaluation: it has no position to save "
                            "(zephon_megatron.save_data_state writes none for it).")
 
@@ -234,7 +303,14 @@ def check_image_batches(pixels: str, positions: str, reset_position_ids: bool) -
 
 
 def row_cu_seqlens(segment_ids: torch.Tensor) -> torch.Tensor:
-    """Boundaries ``[0, e1, e2, ..., S]`` (int32) of the runs of equal ``segment_ids`` in one row."""
+    """The boundaries of the runs of equal ``segment_ids`` in one row (its documents, padding its own run).
+
+    Args:
+        segment_ids: one row's segment ids, ``[S]``.
+
+    Returns:
+        ``[0, e1, e2, ..., S]``, int32: Megatron's ``cu_seqlens`` of a packed row.
+    """
     S = int(segment_ids.shape[0])
     change = torch.nonzero(segment_ids[1:] != segment_ids[:-1]).flatten() + 1
     return torch.cat([torch.zeros(1, dtype=torch.int64), change, torch.tensor([S])]).to(torch.int32)

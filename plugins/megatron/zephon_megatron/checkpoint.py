@@ -27,32 +27,74 @@ import zephon
 from .layout import ZephonMegatronError
 
 FORMAT = "zephon_megatron.data_state"
+"""The ``format`` of a data state's header (its lane files: this plus ``.lane``)."""
 VERSION = 1
+"""The data-state layout's version, in every file."""
 DATA_DIR = "zephon"
+"""The folder of the data states inside Megatron's iteration folder."""
 HEADER = "header.json"
+"""The header's file name in a split's folder."""
 
 
 def iteration_dir(root: str | os.PathLike, iteration: int) -> Path:
-    """Megatron-LM's folder for ``iteration`` under ``root`` (``get_checkpoint_name``'s base dir)."""
+    """Megatron-LM's folder for an iteration (``get_checkpoint_name``'s base dir).
+
+    Args:
+        root: the checkpoint root (``--save`` or ``--load``).
+        iteration: the iteration.
+
+    Returns:
+        ``<root>/iter_XXXXXXX``.
+    """
     return Path(root) / f"iter_{int(iteration):07d}"
 
 
 def data_state_dir(root: str | os.PathLike, iteration: int, split: str = "train") -> Path:
+    """The folder of one split's data state in an iteration's checkpoint.
+
+    Args:
+        root: the checkpoint root (``--save`` or ``--load``).
+        iteration: the iteration.
+        split: ``"train"`` or ``"valid"``.
+
+    Returns:
+        ``<root>/iter_XXXXXXX/zephon/<split>``.
+    """
     return iteration_dir(root, iteration) / DATA_DIR / split
 
 
 def lane_file(lane: int) -> str:
+    """The file name of a lane's state in a split's folder.
+
+    Args:
+        lane: the lane.
+
+    Returns:
+        ``lane_XXXXX.json``.
+    """
     return f"lane_{int(lane):05d}.json"
 
 
 def write_data_state(batches: Any, layout: Any, iteration: int, root: str | os.PathLike,
                      check_iteration: bool = True) -> list[Path]:
-    """Write this rank's lanes of ``batches`` (a :class:`MegatronBatches`) for ``iteration``.
+    """Write this rank's lanes of an iterator's state for an iteration (and, on data-parallel rank 0, the header).
 
-    Call it on every rank (ranks that do not write return ``[]``). With ``check_iteration``, the
-    number of Zephon steps delivered since the data started must equal the number of Megatron
-    iterations since then: one step per iteration, else the saved position would not be the one
-    Megatron's iteration counter claims.
+    Call it on every rank (ranks that do not write return ``[]``).
+
+    Args:
+        batches: the split's :class:`MegatronBatches`.
+        layout: this rank's :class:`Layout` (which ranks write: ``layout.writes_state``).
+        iteration: the iteration Megatron is saving.
+        root: the checkpoint root (``--save``).
+        check_iteration: check that the Zephon steps delivered since the data started equal the Megatron
+            iterations since then (one step per iteration, else the saved position would not be the one
+            Megatron's iteration counter claims).
+
+    Returns:
+        The files written.
+
+    Raises:
+        ZephonMegatronError: ``check_iteration`` and the steps do not match the iterations.
     """
     if not layout.writes_state:
         return []
@@ -91,7 +133,16 @@ def write_data_state(batches: Any, layout: Any, iteration: int, root: str | os.P
 
 
 def find_data_state(roots: Iterable[str | os.PathLike | None], iteration: int, split: str = "train") -> Path | None:
-    """The first ``<root>/iter_XXXXXXX/zephon/<split>`` among ``roots`` that has a header."""
+    """The first ``<root>/iter_XXXXXXX/zephon/<split>`` among ``roots`` that has a header.
+
+    Args:
+        roots: checkpoint roots to look in, in order (None entries are skipped).
+        iteration: the iteration.
+        split: ``"train"`` or ``"valid"``.
+
+    Returns:
+        The folder, or None when no root has one.
+    """
     for root in roots:
         if root:
             folder = data_state_dir(root, iteration, split)
@@ -110,10 +161,19 @@ def _read(path: Path, what: str) -> dict[str, Any]:
 
 
 def read_data_state(folder: str | os.PathLike, lanes: Iterable[int], iteration: int | None = None) -> dict[str, Any]:
-    """A loader state holding exactly ``lanes``, read from ``folder`` (as :func:`write_data_state` wrote it).
+    """A loader state holding exactly some lanes, read from a folder as :func:`write_data_state` wrote it.
 
-    Raises :class:`ZephonMegatronError` naming the file when a lane file is missing, damaged, or from
-    another step, iteration or recipe. ``iteration``: the iteration Megatron resumed at.
+    Args:
+        folder: the split's folder (:func:`data_state_dir`, :func:`find_data_state`).
+        lanes: the lanes to read (the resuming rank's).
+        iteration: the iteration Megatron resumed at, checked against the header (None: not checked).
+
+    Returns:
+        The loader state, for ``loader.load_state_dict``.
+
+    Raises:
+        ZephonMegatronError: the header or a lane file is missing, damaged, or from another step, iteration or
+            recipe (naming the file).
     """
     folder = Path(folder)
     header = _read(folder / HEADER, "the Zephon data-state header")
@@ -152,4 +212,15 @@ def read_data_state(folder: str | os.PathLike, lanes: Iterable[int], iteration: 
 
 
 def read_header(folder: str | os.PathLike) -> dict[str, Any]:
+    """A split folder's header.
+
+    Args:
+        folder: the split's folder.
+
+    Returns:
+        The header (format, version, split, iteration, step, fingerprint, lanes, the saving layout).
+
+    Raises:
+        ZephonMegatronError: the header is missing or damaged.
+    """
     return _read(Path(folder) / HEADER, "the Zephon data-state header")

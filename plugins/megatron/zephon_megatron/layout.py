@@ -32,13 +32,21 @@ class Layout:
     """
 
     dp_rank: int
+    """The data-parallel rank (context-parallel peers share it)."""
     dp_size: int
+    """The data-parallel size, a divisor of the recipe's lanes."""
     tp_rank: int = 0
+    """The tensor-parallel rank."""
     cp_rank: int = 0
+    """The context-parallel rank."""
     pp_first: bool = True
+    """Whether this rank is (in) the first pipeline stage."""
     pp_last: bool = True
+    """Whether this rank is (in) the last pipeline stage."""
     micro_batch_size: int = 1
+    """Rows per micro-batch (``--micro-batch-size``)."""
     num_microbatches: int = 1
+    """Micro-batches per iteration on each data-parallel rank."""
 
     @property
     def consumes_data(self) -> bool:
@@ -57,8 +65,15 @@ def layout_from_megatron(micro_batch_size: int, vp_stage: int | None = None) -> 
     """Read the layout from ``megatron.core.parallel_state`` and the micro-batch calculator.
 
     Both must be initialised (Megatron's ``pretrain`` does it before it asks for datasets).
-    ``vp_stage``: the virtual-pipeline chunk the provider is called for (newer Megatron-LM passes
-    it); only chunk 0 of the first stage and the last chunk of the last stage read data.
+
+    Args:
+        micro_batch_size: ``--micro-batch-size``.
+        vp_stage: the virtual-pipeline chunk the provider is called for (newer Megatron-LM passes it; None:
+            no virtual pipeline); only chunk 0 of the first stage and the last chunk of the last stage read
+            data.
+
+    Returns:
+        This rank's :class:`Layout`.
     """
     from megatron.core import parallel_state as mpu
     from megatron.core.num_microbatches_calculator import get_num_microbatches
@@ -82,10 +97,22 @@ def _divisors(n: int) -> list[int]:
 
 def check_fit(recipe: Any, layout: Layout, *, seq_length: int | None, global_batch_size: int | None,
               rampup_batch_size: Any = None, option: str = "--zephon-recipe") -> int:
-    """Raise :class:`ZephonMegatronError` unless Megatron's numbers fit ``recipe``; return the rows
-    each data-parallel rank receives per step.
+    """Check that Megatron's numbers fit a recipe: one Megatron iteration must consume one Zephon step.
 
-    Every message names the Megatron option (or recipe key) to change and the value that works.
+    Args:
+        recipe: the recipe (or pipeline): its ``lanes``, ``batch_per_lane`` and ``seq_len``.
+        layout: this rank's layout (data-parallel size, micro-batch size and count).
+        seq_length: ``--seq-length`` (None: not checked).
+        global_batch_size: ``--global-batch-size`` (None: not checked).
+        rampup_batch_size: ``--rampup-batch-size`` (refused when set).
+        option: the command-line option that named the recipe, for messages.
+
+    Returns:
+        The rows each data-parallel rank receives per step.
+
+    Raises:
+        ZephonMegatronError: a number does not fit; the message names the Megatron option (or recipe key) to
+            change and the value that works.
     """
     L, b, S = recipe.lanes, recipe.batch_per_lane, recipe.seq_len
     G = L * b

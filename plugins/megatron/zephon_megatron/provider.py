@@ -21,8 +21,6 @@ from .batches import EvaluationBatches, MegatronBatches, check_image_batches, im
 from .checkpoint import data_state_dir, find_data_state, read_data_state, read_header, write_data_state
 from .layout import Layout, ZephonMegatronError, check_fit, layout_from_megatron
 
-SPLITS = ("train", "valid")
-
 # What the provider built in this process: split -> (iterator, layout). Read by save_data_state().
 _ACTIVE: dict[str, tuple[MegatronBatches, Layout]] = {}
 _ARGS: Any = None
@@ -30,7 +28,14 @@ _ARGS: Any = None
 
 # -- arguments ------------------------------------------------------------------------------------
 def add_zephon_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    """``extra_args_provider`` for Megatron-LM: the ``--zephon-*`` options."""
+    """``extra_args_provider`` for Megatron-LM: the ``--zephon-*`` options.
+
+    Args:
+        parser: Megatron-LM's argument parser.
+
+    Returns:
+        The same parser, with a ``zephon`` group of options added.
+    """
     g = parser.add_argument_group("zephon", "Zephon data loader (zephon_megatron)")
     g.add_argument("--zephon-recipe", type=str, default=None,
                    help="Zephon recipe (TOML) of the training data, or a builder pipeline as package.module:name "
@@ -61,7 +66,15 @@ def add_zephon_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
 
 def megatron_args_defaults(recipe: Any) -> dict[str, Any]:
     """``args_defaults`` for ``pretrain``: the numbers the recipe fixes (used where the command line
-    does not set them; a conflicting command-line value is then reported by :func:`check_fit`)."""
+    does not set them; a conflicting command-line value is then reported by :func:`check_fit`).
+
+    Args:
+        recipe: the training recipe, or its path.
+
+    Returns:
+        ``dataloader_type``, ``seq_length``, ``global_batch_size``, ``micro_batch_size``, ``tokenizer_type``
+        and ``vocab_size``.
+    """
     if isinstance(recipe, (str, os.PathLike)):
         recipe = zephon.load_recipe(str(recipe))
     tok = zephon.load_tokenizer(recipe.tokenizer)
@@ -256,13 +269,23 @@ def build_data_iterators(args: Any, layout: Layout | None = None, vp_stage: int 
                          ) -> tuple[MegatronBatches | None, Any, None]:
     """``(train, valid, test)`` iterators for this rank (``None`` where Megatron reads no data).
 
-    ``args``: Megatron's argument namespace (``get_args()``). ``layout``: defaults to
-    :func:`layout_from_megatron` (``megatron.core.parallel_state`` and the micro-batch calculator).
     The configuration checks run on every rank, so a misfit fails everywhere with the same message.
-
     ``valid`` is an :class:`EvaluationBatches` when the validation recipe's sources stop (every
     evaluation reads the set whole; its pass is counted here, and ``--eval-iters`` must equal it unless
     ``--full-validation``), else a :class:`MegatronBatches` continuing across evaluations.
+
+    Args:
+        args: Megatron's argument namespace (``get_args()``), with the ``--zephon-*`` options.
+        layout: this rank's layout (None: :func:`layout_from_megatron`, from ``megatron.core.parallel_state``
+            and the micro-batch calculator).
+        vp_stage: the virtual-pipeline chunk the provider is called for (None: no virtual pipeline).
+
+    Returns:
+        ``(train, valid, test)``: ``test`` is always None.
+
+    Raises:
+        ZephonMegatronError: a missing ``--zephon-recipe``, or Megatron's options do not fit the recipes (the
+            message says what to change).
     """
     global _ARGS
     if not getattr(args, "zephon_recipe", None):
@@ -329,12 +352,24 @@ def build_data_iterators(args: Any, layout: Layout | None = None, vp_stage: int 
 
 
 def set_mixture(weights: dict[str, float], at_iteration: int) -> int:
-    """A loss-driven intervention from the training loop: the training data's mixture becomes ``weights``
-    (source name -> weight) from Megatron iteration ``at_iteration`` on (one iteration is one Zephon global
-    batch). Call it on every rank that runs the training loop, with the same arguments (decide on one rank,
-    e.g. from per-domain losses, and broadcast first): the data-parallel ranks compare their calls and a
-    mismatch is an error naming them. Ranks that read no data (later pipeline stages) do nothing. Returns
-    the number of this rank's lanes that were rewound to apply it (lanes that had computed steps ahead)."""
+    """A loss-driven intervention from the training loop: the training data's mixture changes from a
+    Megatron iteration on (one iteration is one Zephon global batch).
+
+    Call it on every rank that runs the training loop, with the same arguments (decide on one rank, e.g. from
+    per-domain losses, and broadcast first): the data-parallel ranks compare their calls and a mismatch is an
+    error naming them. Ranks that read no data (later pipeline stages) do nothing.
+
+    Args:
+        weights: source name -> weight (only the ratios matter).
+        at_iteration: the first iteration the weights apply to (not one already trained on).
+
+    Returns:
+        The number of this rank's lanes that were rewound to apply it (lanes that had computed steps ahead).
+
+    Raises:
+        ValueError: the iteration was already delivered, or the ranks' calls differ.
+        StateError: ``weights`` names unknown sources or has no positive weight.
+    """
     active = _ACTIVE.get("train")
     if active is None:
         return 0
@@ -361,12 +396,21 @@ def _register(split: str, it: MegatronBatches, layout: Layout) -> None:
 def make_datasets_provider(get_args: Callable[[], Any] | None = None) -> Callable[..., Any]:
     """A ``train_valid_test_datasets_provider(train_val_test_num_samples, vp_stage=None)`` for ``pretrain``.
 
-    ``get_args``: where Megatron's arguments come from (default ``megatron.training.get_args``).
     The provider is marked ``is_distributed``: Megatron calls it on every rank, and it returns
     iterators on tensor-parallel rank 0 of the first and last pipeline stages only.
+
+    Args:
+        get_args: where Megatron's arguments come from (None: ``megatron.training.get_args``).
+
+    Returns:
+        The provider: ``provider(train_val_test_num_samples, vp_stage=None) -> (train, valid, None)``
+        (:func:`build_data_iterators`; the sample counts are not used: Zephon's iterators are endless or end
+        with their data).
     """
 
     def train_valid_test_datasets_provider(train_val_test_num_samples: Any = None, vp_stage: int | None = None):
+        """Megatron's dataset provider: :func:`build_data_iterators` for this rank (the sample counts are not
+        used)."""
         args = (get_args or _megatron_get_args)()
         return build_data_iterators(args, vp_stage=vp_stage)
 
@@ -375,20 +419,37 @@ def make_datasets_provider(get_args: Callable[[], Any] | None = None) -> Callabl
 
 
 train_valid_test_datasets_provider = make_datasets_provider()
+"""The dataset provider for ``pretrain(...)`` with ``--dataloader-type external``: ``(train, valid, None)``
+iterators for this rank from Megatron's own ``get_args()`` (:func:`make_datasets_provider` to pass another)."""
 
 
 # -- checkpoints ----------------------------------------------------------------------------------
 def active_iterators() -> dict[str, MegatronBatches]:
+    """The iterators the provider built in this process (none on ranks that read no data).
+
+    Returns:
+        Split name (``"train"``, ``"valid"``) -> its iterator.
+    """
     return {split: it for split, (it, _) in _ACTIVE.items()}
 
 
 def save_data_state(iteration: int, root: str | os.PathLike | None = None, args: Any = None,
                     non_persistent: bool = False) -> list:
-    """Write this rank's lanes of every active split for ``iteration``; call it on every rank, right
-    after Megatron's ``save_checkpoint`` (the launcher's hook does). Returns the files written.
+    """Write this rank's lanes of every active split for an iteration; call it on every rank, right
+    after Megatron's ``save_checkpoint`` (the launcher's hook does).
 
-    ``root``: the checkpoint folder, default ``args.save`` (``args.non_persistent_global_ckpt_dir``
-    for a global non-persistent save).
+    Args:
+        iteration: the iteration Megatron saved.
+        root: the checkpoint folder (None: ``args.save``, or ``args.non_persistent_global_ckpt_dir`` for a
+            global non-persistent save).
+        args: Megatron's arguments (None: those the provider was given).
+        non_persistent: the checkpoint is a non-persistent one (only ``global`` ones get a data state).
+
+    Returns:
+        The files written (none on ranks that read no data).
+
+    Raises:
+        ZephonMegatronError: the training data did not deliver one step per iteration.
     """
     if not _ACTIVE:  # this rank reads no data (tensor-parallel rank > 0, middle pipeline stage)
         return []
@@ -428,6 +489,12 @@ def wrap_save_checkpoint(save_checkpoint: Callable[..., Any]) -> Callable[..., A
 
     Works with every Megatron-LM signature (``iteration`` first, positional or keyword;
     ``non_persistent_ckpt`` keyword where it exists).
+
+    Args:
+        save_checkpoint: Megatron-LM's ``save_checkpoint`` (returned as it is when already wrapped).
+
+    Returns:
+        The wrapped function.
     """
     if getattr(save_checkpoint, "_zephon_wrapped", False):
         return save_checkpoint
@@ -448,6 +515,9 @@ def install_checkpoint_hook(training_module: Any = None) -> None:
 
     Replaces ``save_checkpoint`` in ``megatron.training.training`` (the name its training loop
     calls) by :func:`wrap_save_checkpoint` of it. Call once, before ``pretrain``.
+
+    Args:
+        training_module: the module whose ``save_checkpoint`` to wrap (None: ``megatron.training.training``).
     """
     if training_module is None:
         from megatron.training import training as training_module  # Megatron-LM

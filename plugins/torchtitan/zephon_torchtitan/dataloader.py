@@ -35,15 +35,25 @@ import zephon
 from zephon import Recipe
 from zephon.batches.images import IMAGE_KEYS
 
-#: ``[tokenizer] path`` value that means "the trainer's Hugging Face tokenizer" (``--hf_assets_path``).
 TRAINER_TOKENIZER = "@hf_assets_path"
+"""The ``[tokenizer] path`` value that means "the trainer's Hugging Face tokenizer" (``--hf_assets_path``)."""
 
 HEADER_KEY = "zephon"
+"""The DCP entry of a state's header (format, fingerprint, step...; every rank writes it identically)."""
 LANE_PREFIX = "lane_"
+"""The DCP entries of the lanes' states: ``lane_00007``."""
 _HEADER_FIELDS = ("format", "version", "fingerprint", "pipeline", "step", "events", "ended", "digest")
 
 
 def lane_key(lane: int) -> str:
+    """The DCP entry of a lane's state.
+
+    Args:
+        lane: the lane.
+
+    Returns:
+        ``lane_XXXXX``.
+    """
     return f"{LANE_PREFIX}{lane:05d}"
 
 
@@ -52,7 +62,14 @@ def _divisors(n: int) -> list[int]:
 
 
 def trainer_tokenizer_dir(tokenizer: Any) -> str | None:
-    """The directory the trainer's tokenizer was loaded from (``--hf_assets_path``), if it has one."""
+    """The directory the trainer's tokenizer was loaded from (``--hf_assets_path``), if it has one.
+
+    Args:
+        tokenizer: the trainer's tokenizer (or None).
+
+    Returns:
+        Its ``tokenizer_path``, or None.
+    """
     return getattr(tokenizer, "tokenizer_path", None)
 
 
@@ -63,8 +80,25 @@ def resolve_recipe(path: str, hf_assets_path: str | None = None, *, seed: int | 
 
     ``[tokenizer] path = "@hf_assets_path"`` in the recipe means the trainer's Hugging Face tokenizer
     (``tokenizer.json`` in ``--hf_assets_path``); other paths resolve relative to the recipe file as
-    usual. ``seed``/``lanes``/``batch_per_lane``/``flush_every`` replace the recipe's values when given
-    (each makes a different run: they are part of the recipe's fingerprint).
+    usual.
+
+    Args:
+        path: the recipe file (relative to the working directory), or a builder pipeline:
+            ``"package.module:name"`` or the :class:`zephon.Pipeline` itself.
+        hf_assets_path: the trainer's ``--hf_assets_path`` (for ``"@hf_assets_path"``).
+        seed: replaces the recipe's seed (None: keep it). Each of these makes a different run: they are part
+            of the recipe's fingerprint.
+        lanes: replaces the recipe's lanes (None: keep).
+        batch_per_lane: replaces the recipe's batch_per_lane (None: keep).
+        flush_every: replaces the recipe's flush_every (None: keep).
+
+    Returns:
+        The recipe (or the pipeline, for a builder pipeline).
+
+    Raises:
+        ValueError: no recipe given.
+        FileNotFoundError: no such recipe file, or no ``tokenizer.json`` for ``"@hf_assets_path"``.
+        RecipeError: not valid TOML, or not a valid recipe.
     """
     if not path:
         raise ValueError("ZephonDataLoader needs a recipe: set --dataloader.recipe path/to/recipe.toml "
@@ -102,9 +136,15 @@ def resolve_recipe(path: str, hf_assets_path: str | None = None, *, seed: int | 
 
 
 def end_policy(recipe: Any) -> tuple[bool, str]:
-    """``(ends, partial)`` of a recipe (or builder pipeline): whether it ends (every source stops after its
-    ``passes``; a source that repeats keeps the data going for ever), and what happens to the last, partial
-    global batch (``"pad"`` or ``"drop"``)."""
+    """Whether a recipe's data ends, and what happens to its last, partial global batch.
+
+    Args:
+        recipe: a recipe or builder pipeline.
+
+    Returns:
+        ``(ends, partial)``: whether every source stops after its ``passes`` (a source that repeats keeps the
+        data going for ever), and ``"pad"`` or ``"drop"``.
+    """
     from zephon.recipe import as_pipeline
 
     pipe = as_pipeline(recipe)
@@ -114,7 +154,15 @@ def end_policy(recipe: Any) -> tuple[bool, str]:
 
 
 def check_reads_once(recipe: Any, where: str) -> None:
-    """Refuse a validation recipe that cannot be read exactly once (``--validator.steps -1``)."""
+    """Refuse a validation recipe that cannot be read exactly once (``--validator.steps -1``).
+
+    Args:
+        recipe: the validation recipe (or pipeline).
+        where: what asked, for messages.
+
+    Raises:
+        ValueError: a source repeats, or the last partial batch would be dropped.
+    """
     ends, partial = end_policy(recipe)
     if not ends:
         raise ValueError(
@@ -131,7 +179,20 @@ def check_reads_once(recipe: Any, where: str) -> None:
 
 
 def check_fit(recipe: Recipe, dp_degree: int, seq_len: int, local_batch_size: int) -> int:
-    """Refuse a trainer setting that does not fit the recipe; return the micro-batches per step."""
+    """Refuse a trainer setting that does not fit the recipe: one optimizer step must consume one global batch.
+
+    Args:
+        recipe: the recipe.
+        dp_degree: the data-parallel degree (replicate x shard), a divisor of the recipe's lanes.
+        seq_len: ``--training.seq_len``, the recipe's ``seq_len``.
+        local_batch_size: ``--training.local_batch_size``, a divisor of the rows each rank receives per step.
+
+    Returns:
+        The micro-batches per step (each rank's rows divided by ``local_batch_size``).
+
+    Raises:
+        ValueError: a number does not fit (the message says which to change, and to what).
+    """
     L, b = recipe.lanes, recipe.batch_per_lane
     if seq_len != recipe.seq_len:
         raise ValueError(f"training.seq_len={seq_len} does not match the Zephon recipe {recipe.origin} "
@@ -156,6 +217,14 @@ def check_fit(recipe: Recipe, dp_degree: int, seq_len: int, local_batch_size: in
 
 
 def images_refused(what: str) -> ValueError:
+    """The error for a pipeline whose batches carry images, which Torchtitan 0.3's trainer cannot take.
+
+    Args:
+        what: the image keys or layout found, for the message.
+
+    Returns:
+        The error (to raise).
+    """
     return ValueError(f"this pipeline's batches carry images ({what}), but Torchtitan 0.3's trainer feeds text "
                       f"models only ``input`` and ``positions`` (and its pipeline-parallel schedule would cut pixel "
                       f"tensors by their first dimension, not by row): train vision-language pipelines from "
@@ -170,6 +239,15 @@ def to_torchtitan(batch: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tenso
     RoPE from them). Zephon writes position 0 on every padding token; here the padding tail of a row
     counts as one more document (0, 1, 2, ...), so a mask sees one padding segment instead of one per
     token. Its labels are ignored either way.
+
+    Args:
+        batch: a Zephon batch of this rank.
+
+    Returns:
+        ``({"input": input_ids, "positions": positions}, labels)``.
+
+    Raises:
+        ValueError: the batch carries images or mrope positions.
     """
     images = [k for k in IMAGE_KEYS if k in batch]
     if images or batch["position_ids"].dim() != 2:
@@ -183,7 +261,15 @@ def to_torchtitan(batch: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tenso
 
 
 def row_digests(inputs: dict[str, torch.Tensor], labels: torch.Tensor) -> list[str]:
-    """SHA-256 of each row as the trainer consumes it (input, positions, labels; int64 bytes)."""
+    """SHA-256 of each row as the trainer consumes it (input, positions, labels; int64 bytes).
+
+    Args:
+        inputs: a micro-batch's ``{"input", "positions"}``.
+        labels: its labels.
+
+    Returns:
+        One hex digest per row.
+    """
     out = []
     for i in range(labels.shape[0]):
         h = hashlib.sha256()
@@ -194,7 +280,14 @@ def row_digests(inputs: dict[str, torch.Tensor], labels: torch.Tensor) -> list[s
 
 
 def split_state(state: dict[str, Any]) -> dict[str, str]:
-    """A Zephon loader state as DCP entries: one header plus one entry per lane (JSON strings)."""
+    """A Zephon loader state as DCP entries: one header plus one entry per lane (JSON strings).
+
+    Args:
+        state: a loader state (``loader.state_dict()``).
+
+    Returns:
+        ``{HEADER_KEY: header, "lane_XXXXX": lane state, ...}``.
+    """
     header = {k: state[k] for k in _HEADER_FIELDS}
     out = {HEADER_KEY: json.dumps(header, sort_keys=True)}
     for lane, lane_state in state["lanes"].items():
@@ -203,7 +296,17 @@ def split_state(state: dict[str, Any]) -> dict[str, str]:
 
 
 def merge_entries(entries: dict[str, Any]) -> dict[str, Any]:
-    """The inverse of :func:`split_state` over whichever lanes' entries are present."""
+    """The inverse of :func:`split_state` over whichever lanes' entries are present.
+
+    Args:
+        entries: the header entry and some lanes' entries.
+
+    Returns:
+        The loader state holding those lanes.
+
+    Raises:
+        StateError: no header entry.
+    """
     if HEADER_KEY not in entries:
         raise zephon.StateError(f"this dataloader state has no '{HEADER_KEY}' header entry (keys: "
                                 f"{sorted(entries)[:6]}...): it was not written by ZephonDataLoader.")
@@ -214,11 +317,28 @@ def merge_entries(entries: dict[str, Any]) -> dict[str, Any]:
 
 
 class ZephonDataLoader(BaseDataLoader):
-    """A Zephon recipe as a Torchtitan dataloader (elastic: resume at any dp degree dividing lanes)."""
+    """A Zephon recipe as a Torchtitan dataloader (elastic: resume at any dp degree dividing lanes).
+
+    Built by the trainer with ``config.dataloader.build(...)`` (see the module docstring).
+
+    Args:
+        config: its :class:`ZephonDataLoader.Config`.
+        dp_world_size: the data-parallel degree, a divisor of the recipe's lanes.
+        dp_rank: this rank's data-parallel rank.
+        tokenizer: the trainer's tokenizer (its folder, for ``[tokenizer] path = "@hf_assets_path"``).
+        seq_len: ``--training.seq_len`` (must be the recipe's).
+        local_batch_size: rows per micro-batch (``--training.local_batch_size``).
+        **kwargs: what later trainers pass (``snapshot_every_n_steps``...), unused.
+
+    Raises:
+        ValueError: the trainer's numbers do not fit the recipe, or its batches carry images.
+    """
 
     @dataclass(kw_only=True, slots=True)
     class Config(BaseDataLoader.Config):
-        # (``dataset`` / ``dataset_path`` are inherited from BaseDataLoader.Config and ignored.)
+        """``--dataloader.*``: the recipe and the loader's options (``dataset`` and ``dataset_path``, inherited
+        from ``BaseDataLoader.Config``, are ignored)."""
+
         recipe: str = ""
         """Zephon recipe (TOML), relative to the working directory, or a builder pipeline:
         ``package.module:name`` (a zephon.Pipeline, or a function returning one), or the Pipeline object
@@ -260,6 +380,14 @@ class ZephonDataLoader(BaseDataLoader):
         row the trainer receives, with its step and global row index. For verifying determinism."""
 
         def load_recipe(self, hf_assets_path: str | None = None) -> Recipe:
+            """The recipe, with this config's replacements (:func:`resolve_recipe`).
+
+            Args:
+                hf_assets_path: the trainer's ``--hf_assets_path``.
+
+            Returns:
+                The recipe (or builder pipeline).
+            """
             return resolve_recipe(self.recipe, hf_assets_path, seed=self.seed, lanes=self.lanes,
                                   batch_per_lane=self.batch_per_lane, flush_every=self.flush_every)
 
@@ -267,13 +395,18 @@ class ZephonDataLoader(BaseDataLoader):
                  seq_len: int, local_batch_size: int, **kwargs: Any) -> None:
         # kwargs: snapshot_every_n_steps and anything a later trainer passes; Zephon needs none of them.
         self.config = config
+        """Its config."""
         self.dp_rank, self.dp_world_size = dp_rank, dp_world_size
         self.recipe = config.load_recipe(trainer_tokenizer_dir(tokenizer))
+        """The recipe (or builder pipeline) it loads."""
         self.micro_batches = check_fit(self.recipe, dp_world_size, seq_len, local_batch_size)
+        """Micro-batches per global step."""
         self.local_batch_size = local_batch_size
+        """Rows per micro-batch."""
         if not config.infinite and config.max_steps <= 0:  # the validator's --validator.steps -1
             check_reads_once(self.recipe, "ZephonDataLoader(infinite=False)")
         self.max_steps = config.max_steps if config.max_steps > 0 else None
+        """The global batches after which it stops (None: never, unless the recipe's data ends)."""
         # A recipe that ends: the ranks agree on its last step with one all-reduce per step over the default
         # process group (every Torchtitan rank iterates its dataloader in step, tensor/pipeline/context
         # peers with the same rows), so every rank stops at the same validator step.
@@ -286,6 +419,7 @@ class ZephonDataLoader(BaseDataLoader):
             self._loader.close()
             raise images_refused(f"batch(pixels={images.pixels!r}, positions={images.positions!r})")
         self.lanes = self._loader.lanes
+        """The lanes this rank owns."""
         self._pending: deque[tuple[dict[str, torch.Tensor], torch.Tensor]] = deque()
         self._last_provenance: torch.Tensor | None = None
         self._hash_file = None
@@ -344,7 +478,15 @@ class ZephonDataLoader(BaseDataLoader):
 
     # -- checkpointing (torch.distributed.checkpoint.stateful.Stateful) -------------------------------
     def state_dict(self) -> dict[str, Any]:
-        """One DCP entry per owned lane plus the shared header; all JSON strings."""
+        """One DCP entry per owned lane plus the shared header; all JSON strings.
+
+        Returns:
+            The entries (:func:`split_state`).
+
+        Raises:
+            RuntimeError: asked for in the middle of a global batch (the optimizer step is smaller than the
+                recipe's global batch).
+        """
         if self._pending:
             done = self.micro_batches - len(self._pending)
             raise RuntimeError(
@@ -356,6 +498,15 @@ class ZephonDataLoader(BaseDataLoader):
         return split_state(self._loader.state_dict())
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Resume from the DCP entries of this rank's lanes (written at any dp degree that divides the lanes).
+
+        Args:
+            state_dict: the header entry and this rank's lanes' entries, as DCP loaded them (empty: nothing to
+                load, the loader starts at the recipe's beginning).
+
+        Raises:
+            StateError: no header, or a state from another recipe (naming what differs).
+        """
         if not state_dict:  # Torchtitan passes an empty dict when there is nothing to load
             return
         state = merge_entries(state_dict)
@@ -366,16 +517,34 @@ class ZephonDataLoader(BaseDataLoader):
 
     # -- extras ---------------------------------------------------------------------------------------
     def set_mixture(self, weights: dict[str, float], at_step: int) -> int:
-        """A loss-driven intervention: ``weights`` (source -> weight) from global step ``at_step`` on (a
-        Torchtitan step is one Zephon global batch). Call it on every rank with the same arguments (e.g.
-        after an all-reduce of per-domain losses); the ranks are compared and a mismatch is an error."""
+        """A loss-driven intervention: new mixture weights from a global step on (a Torchtitan step is one
+        Zephon global batch).
+
+        Call it on every rank with the same arguments (e.g. after an all-reduce of per-domain losses); the
+        ranks are compared and a mismatch is an error.
+
+        Args:
+            weights: source name -> weight (only the ratios matter).
+            at_step: the first global step the weights apply to (not one already delivered).
+
+        Returns:
+            The number of this rank's lanes that were rewound to apply it.
+
+        Raises:
+            ValueError: the step was already delivered, or the ranks' calls differ.
+        """
         return self._loader.set_mixture(weights, at_step)
 
     def metrics(self) -> dict[str, Any]:
-        """Zephon's loader metrics (tokens/s, padding, flush cost, per-lane progress)."""
+        """Zephon's loader metrics (tokens/s, padding, flush cost, per-lane progress).
+
+        Returns:
+            :meth:`zephon.ZephonLoader.metrics`.
+        """
         return self._loader.metrics()
 
     def close(self) -> None:
+        """Close the Zephon loader (stop its workers) and the hash log."""
         self._loader.close()
         if self._hash_file is not None:
             self._hash_file.close()

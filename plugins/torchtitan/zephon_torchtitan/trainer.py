@@ -29,6 +29,7 @@ from torchtitan.trainer import Trainer
 from .dataloader import ZephonDataLoader, check_fit, check_reads_once
 
 VOCAB_MULTIPLE = 64
+"""The model's vocabulary is rounded up to a multiple of this (:func:`fit_vocab`)."""
 
 
 def _dp_degree(config: Trainer.Config) -> int:
@@ -54,7 +55,16 @@ def _set_vocab(node: Any, old: int, new: int, seen: set[int]) -> None:
 
 
 def fit_vocab(config: Trainer.Config, vocab_size: int) -> int | None:
-    """Size a decoder's vocabulary (embeddings, output layer, loss) to ``vocab_size`` rounded up."""
+    """Size a decoder's vocabulary (embeddings, output layer, loss) to a tokenizer's, rounded up to a multiple
+    of :data:`VOCAB_MULTIPLE`.
+
+    Args:
+        config: the trainer's config (changed in place).
+        vocab_size: the recipe tokenizer's vocabulary size.
+
+    Returns:
+        The new vocabulary size, or None when the model is not a decoder (left as it is).
+    """
     from torchtitan.models.common.decoder import Decoder
 
     model = config.model_spec.model if config.model_spec is not None else None
@@ -75,7 +85,18 @@ def fit_vocab(config: Trainer.Config, vocab_size: int) -> int | None:
 
 
 def fit_trainer_config(config: Trainer.Config, fit_vocab_to_tokenizer: bool = True) -> None:
-    """Fill and check the trainer's batch settings from the Zephon recipe (see the module docstring)."""
+    """Fill and check the trainer's batch settings from the Zephon recipe (see the module docstring).
+
+    Does nothing unless ``config.dataloader`` is a :class:`ZephonDataLoader.Config`.
+
+    Args:
+        config: the trainer's config (changed in place: ``seq_len``, ``global_batch_size``,
+            ``local_batch_size``, the validator's recipe, the vocabulary).
+        fit_vocab_to_tokenizer: also size the model's vocabulary to the recipe tokenizer's (:func:`fit_vocab`).
+
+    Raises:
+        ValueError: a trainer setting does not fit the recipe (the message says what to change).
+    """
     dl = config.dataloader
     if not isinstance(dl, ZephonDataLoader.Config):
         return
@@ -118,10 +139,19 @@ def fit_trainer_config(config: Trainer.Config, fit_vocab_to_tokenizer: bool = Tr
 
 
 class ZephonTrainer(Trainer):
-    """Torchtitan's Trainer, with the batch settings and vocabulary fitted to the Zephon recipe."""
+    """Torchtitan's Trainer, with the batch settings and vocabulary fitted to the Zephon recipe.
+
+    Args:
+        config: its :class:`ZephonTrainer.Config` (fitted in place by :func:`fit_trainer_config`).
+
+    Raises:
+        ValueError: a trainer setting does not fit the recipe.
+    """
 
     @dataclass(kw_only=True, slots=True)
     class Config(Trainer.Config):
+        """Torchtitan's trainer config, plus Zephon's option."""
+
         fit_vocab_to_tokenizer: bool = True
         """Size the model's vocabulary to the recipe tokenizer's (rounded up to a multiple of 64)."""
 

@@ -13,7 +13,7 @@ author) followed by a description of the crop (region, size, quality). Everythin
 Written as WebDataset shards (``<key>.jpg`` / ``.png``, ``.txt``, ``.json``), as Parquet with the same
 samples (``key``, ``image`` as Hugging Face's ``{bytes, path}`` struct, ``caption``, ``source``), and as
 interleaved documents in Parquet (OBELICS layout: ``texts`` and ``images`` lists, one non-null per
-position) whose paragraphs are standard-library docstrings (:mod:`zephon.demo`).
+position) whose paragraphs are standard-library docstrings (:mod:`zephon.demo.text`).
 
 :func:`build_quickstart` makes the small set ``recipes/vl_quickstart.toml`` reads (seconds);
 ``scripts/bench/make_vl_corpus.py`` the full one (20k+ samples).
@@ -29,9 +29,10 @@ import json
 import math
 import re
 import tarfile
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -138,9 +139,9 @@ def _wallpaper_names(root: Path) -> dict[str, str]:
     names: dict[str, str] = {}
     for xml in sorted(Path("/usr/share").glob("*-background-properties/*.xml")):
         text = xml.read_text(encoding="utf-8", errors="replace")
-        for block in re.findall(r"<wallpaper[^>]*>(.*?)</wallpaper>", text, re.S):
-            name = re.search(r"<name>(.*?)</name>", block, re.S)
-            for f in re.findall(r"<filename[^>]*>(.*?)</filename[^>]*>", block, re.S):
+        for block in re.findall(r"<wallpaper[^>]*>(.*?)</wallpaper>", text, re.DOTALL):
+            name = re.search(r"<name>(.*?)</name>", block, re.DOTALL)
+            for f in re.findall(r"<filename[^>]*>(.*?)</filename[^>]*>", block, re.DOTALL):
                 if name:
                     names[f.strip()] = name.group(1).strip()
     return names

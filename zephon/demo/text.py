@@ -1,14 +1,10 @@
-"""An embedded default corpus: real English text and real code from Python's standard library.
+"""The demo's text corpus: real English text and real code from Python's standard library.
 
 No network: documents are the docstrings of the standard library's modules (prose, Parquet) and its
 functions' source (code, JSON Lines), read with ``ast`` from the interpreter's own files, never
 imported; conversations for chat fine-tuning are made from the docstrings too (JSON Lines with a
 ``messages`` field). A SentencePiece tokenizer is trained on the documents. Used by the quickstart
-recipes and the tests.
-
-The demo has three parts, each checked and built on its own (:data:`PARTS`, :func:`missing_parts`), so
-``zephon demo recipes`` run again after installing the ``vision`` extra adds the vision-language part
-and keeps the others.
+recipes (through :func:`zephon.demo.make_demo`) and the tests.
 """
 
 from __future__ import annotations
@@ -16,29 +12,8 @@ from __future__ import annotations
 import ast
 import json
 import sysconfig
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Collection, Iterator
-
-# part -> the files that make it, relative to the output folder (each glob must match at least one file)
-PARTS: dict[str, tuple[str, ...]] = {
-    "text": ("data/web/*.parquet", "data/code/*.jsonl", "data/chat/*.jsonl"),
-    "tokenizer": ("tok.model",),
-    "vl": ("data/vl/pairs/*.tar", "data/vl/docs/*.parquet", "tok_vl.model"),  # recipes/vl_quickstart.toml
-}
-PART_NAMES = {"text": "text corpus (data/web, data/code, data/chat)", "tokenizer": "tokenizer (tok.model)",
-              "vl": "vision-language data and tokenizer (data/vl, tok_vl.model)"}
-
-
-def part_present(out_dir: str | Path, part: str) -> bool:
-    """Whether every file pattern of ``part`` (a key of :data:`PARTS`) matches a non-empty file in
-    ``out_dir``. A part whose build was interrupted half-way may still look present: ``--force`` rebuilds."""
-    out = Path(out_dir)
-    return all(any(f.is_file() and f.stat().st_size > 0 for f in out.glob(pattern)) for pattern in PARTS[part])
-
-
-def missing_parts(out_dir: str | Path) -> list[str]:
-    """The parts of the demo (keys of :data:`PARTS`, in order) not present in ``out_dir``."""
-    return [part for part in PARTS if not part_present(out_dir, part)]
 
 
 def stdlib_files() -> list[Path]:
@@ -138,44 +113,3 @@ def train_sentencepiece(out_model: str | Path, texts: list[str], vocab_size: int
     path = Path(out_model)
     path.write_bytes(model.getvalue())
     return path
-
-
-def make_demo(out_dir: str | Path, max_files: int | None = None, vocab_size: int = 8000,
-              parts: Collection[str] | None = None) -> dict[str, Any]:
-    """Build the demo's ``parts`` (keys of :data:`PARTS`; None: all of them) in ``out_dir``:
-
-    - ``text``: the corpus in ``out_dir/data`` (web, code, chat), as the quickstart recipes expect;
-    - ``tokenizer``: ``out_dir/tok.model``, trained on the same documents;
-    - ``vl``: when Pillow and scikit-image's sample pictures are installed, the vision-language quickstart's
-      data (``out_dir/data/vl``, ``out_dir/tok_vl.model``: :func:`zephon.demo_vl.build_quickstart`), else
-      ``counts["vl_skipped"]`` says why and how to install them.
-
-    Every part is a pure function of the standard library's files and ``max_files`` (and ``vocab_size``), so
-    a part built later matches the ones built before with the same arguments. Returns counts of what was
-    written (``prose``, ``code``, ``chat``; ``vl_*``) and ``built``, the parts built."""
-    out = Path(out_dir)
-    todo = list(PARTS) if parts is None else [p for p in PARTS if p in parts]
-    unknown = sorted(set(parts or ()) - set(PARTS))
-    if unknown:
-        raise ValueError(f"make_demo: unknown parts {unknown}; the parts are {', '.join(PARTS)}")
-    counts: dict[str, Any] = {"built": []}
-    if "vl" in todo:
-        from . import demo_vl
-
-        reason = demo_vl.unavailable()
-        if reason is not None:
-            counts["vl_skipped"] = reason
-            todo.remove("vl")
-    if not todo:
-        return counts
-    documents = list(stdlib_documents(max_files))  # every part is made from them
-    if "text" in todo:
-        counts.update(write_corpus(out / "data", documents=documents))
-        counts["chat"] = write_chat(out / "data" / "chat", documents)
-    if "tokenizer" in todo:
-        sample = [t for i, (_, _, t) in enumerate(documents) if i % 3 == 0]
-        train_sentencepiece(out / "tok.model", sample, vocab_size)
-    if "vl" in todo:
-        counts.update(demo_vl.build_quickstart(out, documents))
-    counts["built"] = todo
-    return counts
