@@ -29,6 +29,7 @@ def run(args: list[str], timeout: float = 300) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.slow
+@pytest.mark.e2e
 def test_scaling_model_runs_on_tiny_corpora(tmp_path):
     for mod in ("psutil", "matplotlib", "simplejpeg", "array_record"):
         require(mod)

@@ -30,6 +30,7 @@ def run(args: list[str], timeout: float = 600) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.slow
+@pytest.mark.e2e
 def test_vl_benchmarks_run_on_a_tiny_corpus(tmp_path):
     for mod in ("grain", "litdata", "webdataset", "array_record", "simplejpeg", "skimage"):
         require(mod)

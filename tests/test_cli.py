@@ -100,6 +100,7 @@ def test_run_prints_the_digests_of_the_rank_batches(recipe_path, capsys):
         assert word in out
 
 
+@pytest.mark.e2e
 def test_run_with_thread_workers_and_hash_every(recipe_path):
     """Workers change speed only. Run as a subprocess so that a crash in a worker fails this test alone."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
@@ -581,6 +582,7 @@ def test_demo_says_how_to_get_the_vision_language_part(tmp_path, capsys, monkeyp
     assert "nothing to do" in out and f"no vision-language data: {reason}" in out
 
 
+@pytest.mark.e2e
 def test_python_dash_m_zephon_help():
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
     result = subprocess.run([sys.executable, "-m", "zephon", "--help"], capture_output=True, text=True,

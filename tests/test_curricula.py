@@ -285,6 +285,7 @@ dist.destroy_process_group()
 """
 
 
+@pytest.mark.e2e
 @pytest.mark.timeout(180)
 def test_ranks_that_disagree_get_an_error_naming_both(make_recipe, tmp_path):
     """Two real ranks (torchrun, gloo) asking for different weights: each gets an error naming the other."""

@@ -16,6 +16,7 @@ from zephon.verify import global_hashes
 from .conftest import base_recipe_dict
 
 
+@pytest.mark.e2e
 @pytest.mark.timeout(300)
 def test_torchrun_two_ranks_match_one_process_and_resume_elsewhere(tmp_path, corpus, sp_model, make_recipe):
     data = base_recipe_dict(corpus, {"kind": "sentencepiece", "path": str(sp_model)})

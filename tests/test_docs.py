@@ -15,6 +15,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.optional import require
 
 REPO = Path(__file__).resolve().parents[1]
@@ -32,6 +34,7 @@ def _build(config: Path, site: Path, *strict: str) -> subprocess.CompletedProces
                           timeout=600)
 
 
+@pytest.mark.e2e
 def test_the_site_builds_strictly(tmp_path):
     """No broken link or anchor, no page outside the nav, every API reference resolved: as `mkdocs build
     --strict` says."""
@@ -69,6 +72,7 @@ def test_every_page_is_in_the_nav():
     assert (REPO / "docs" / "guides" / "debugging-data.md").is_file()
 
 
+@pytest.mark.e2e
 def test_docstrings_parse_cleanly(tmp_path):
     """griffe's docstring warnings are on for the API reference (mkdocs.yml), and it has none: a parameter
     documented twice on one line, a parameter that is not in the signature, a confusing indentation... Listed

@@ -144,6 +144,7 @@ dist.destroy_process_group()
 """
 
 
+@pytest.mark.e2e
 @pytest.mark.timeout(240)
 def test_two_real_ranks_agree_on_the_end(corpus, sp_model, tmp_path):
     """torchrun, gloo: each rank's lanes run out at their own steps; the ranks end together, at the step a

@@ -377,6 +377,7 @@ def test_state_of_an_older_format_is_refused_with_the_fix(make_recipe):
     assert "version 1" in msg and "reads version 4" in msg and "start the run afresh" in msg
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("runner", ["pool", "process"])
 def test_process_runner_in_a_script_without_main_guard(corpus, sp_model, tmp_path, runner):
     """forkserver/spawn workers import the main module again; an unguarded script must get the fix,

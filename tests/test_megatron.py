@@ -346,6 +346,7 @@ def test_launcher_wires_megatron_pretrain(tmp_path, monkeypatch, recipe_file):
 
 
 # -- end to end under torchrun with megatron-core ----------------------------------------------------------
+@pytest.mark.e2e
 @needs_megatron_core
 @pytest.mark.timeout(240)
 def test_torchrun_megatron_core_tp_pp_and_elastic_resume(tmp_path, recipe_file):

@@ -217,6 +217,7 @@ def test_every_evaluation_reads_the_set_once_from_its_beginning(recipes, tmp_pat
 
 
 # -- end to end under torchrun with megatron-core -----------------------------------------------------------
+@pytest.mark.e2e
 @pytest.mark.timeout(300)
 def test_torchrun_every_evaluation_covers_the_set_exactly_once(recipes, tmp_path):
     from tests.optional import require

@@ -121,6 +121,7 @@ def reference(corpus, sp_model):
 
 # -- the same batches from every store -----------------------------------------------------------------------
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("name", STORES)
 def test_store_gives_the_local_batches_at_every_world_size_and_resume(servers, corpus, sp_model, reference, name):
     store = servers(name)
@@ -141,6 +142,7 @@ def test_store_gives_the_local_batches_at_every_world_size_and_resume(servers, c
     assert tail == reference["digests"][RESUME_AT:], f"{name}: local 16 -> {name} 4"
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("name", STORES)
 def test_credentials_and_endpoint_from_the_environment(servers, corpus, sp_model, reference, name, monkeypatch):
     """No storage_options: each client library's standard environment variables point at the store."""
@@ -162,6 +164,7 @@ def test_credentials_and_endpoint_from_the_environment(servers, corpus, sp_model
     assert digests == reference["digests"][:2]
 
 
+@pytest.mark.e2e
 def test_storage_options_stay_out_of_fingerprint_and_repr(corpus, sp_model, servers):
     store = servers("s3")
     a = recipe_from_dict(recipe_dict(corpus, sp_model, store))
@@ -181,6 +184,7 @@ def test_storage_options_stay_out_of_fingerprint_and_repr(corpus, sp_model, serv
 
 # -- byte ranges -----------------------------------------------------------------------------------------------
 
+@pytest.mark.e2e
 def test_parquet_row_group_is_fetched_by_byte_ranges(servers, corpus_texts):
     """One row group of a 40-row-group file costs the footer and that group's column chunk, not the file."""
     store = servers("s3")
@@ -211,6 +215,7 @@ def test_parquet_row_group_is_fetched_by_byte_ranges(servers, corpus_texts):
 
 # -- transient errors: retried, and the output does not change -----------------------------------------------------
 
+@pytest.mark.e2e
 def test_connections_broken_mid_response_change_nothing(servers, corpus, sp_model, reference, monkeypatch):
     """A proxy cuts every 4th request's response (RST or FIN, in headers or body). With the client's own
     retries off, Zephon's retries alone recover: same batches, same counts of documents, units, rows."""
@@ -389,6 +394,7 @@ def test_retries_are_bounded_and_permanent_errors_are_not_retried():
 
 # -- permanent errors and bad files on real stores ------------------------------------------------------------------
 
+@pytest.mark.e2e
 @pytest.mark.timeout(60)
 def test_object_deleted_after_planning_names_the_url(servers, corpus, sp_model):
     store = servers("s3")
@@ -408,6 +414,7 @@ def test_object_deleted_after_planning_names_the_url(servers, corpus, sp_model):
     assert "restore the object" in str(info.value)
 
 
+@pytest.mark.e2e
 @pytest.mark.timeout(60)
 def test_access_denied_names_the_url(servers, corpus, sp_model):
     store = servers("azure")
@@ -418,6 +425,7 @@ def test_access_denied_names_the_url(servers, corpus, sp_model):
     assert "access to az://zephon/corpus/web was denied" in str(exc) and "credentials" in str(exc)
 
 
+@pytest.mark.e2e
 @pytest.mark.timeout(60)
 def test_unreachable_store_fails_after_bounded_retries(servers, corpus, sp_model, monkeypatch):
     import s3fs
@@ -442,6 +450,7 @@ def test_unreachable_store_fails_after_bounded_retries(servers, corpus, sp_model
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("name,case", [("s3", "truncated-parquet"), ("gcs", "no-text-column"),
                                        ("azure", "truncated-gzip"), ("gcs", "missing-path")])
+@pytest.mark.e2e
 def test_bad_files_in_a_store_name_the_object(servers, corpus, sp_model, corpus_texts, name, case):
     store = servers(name)
     texts = [t for t in corpus_texts if t][:60]
@@ -476,6 +485,7 @@ def _cache_bytes(root: Path) -> int:
     return sum(f.stat().st_size for f in root.rglob("*") if f.is_file() and not f.name.startswith(".tmp-"))
 
 
+@pytest.mark.e2e
 def test_cache_serves_repeat_reads(servers, corpus, sp_model, reference, tmp_path):
     store = servers("s3")
     cache = {**FAST_RETRY, "cache_dir": str(tmp_path / "cache"), "cache_block_bytes": 16 << 10}
@@ -490,6 +500,7 @@ def test_cache_serves_repeat_reads(servers, corpus, sp_model, reference, tmp_pat
     assert after["cache_hits"] > before["cache_hits"] and after["bytes_fetched"] == before["bytes_fetched"]
 
 
+@pytest.mark.e2e
 def test_cache_is_bounded_and_evicts_least_recently_used(servers, corpus, sp_model, reference, tmp_path):
     store = servers("gcs")
     limit, block = 64 << 10, 8 << 10
@@ -532,6 +543,7 @@ def test_block_cache_shared_by_processes_never_shows_a_partial_block(tmp_path):
     assert _cache_bytes(tmp_path) <= 100_000 + 100_000 // 16 + 41_000 * 4
 
 
+@pytest.mark.e2e
 def test_recipe_with_storage_options_rebuilds_its_plan_in_another_process(servers, corpus, sp_model):
     """Lane worker processes receive the pickled recipe and rebuild the filesystem from it."""
     store = servers("azure")

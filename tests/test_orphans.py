@@ -167,6 +167,7 @@ def wait_gone(procs: set[Proc], timeout: float) -> tuple[set[Proc], float]:
     return left, time.monotonic() - start
 
 
+@pytest.mark.e2e
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("runner", ["pool", "process", "thread"])
 def test_a_killed_trainer_leaves_no_process_behind(corpus, sp_model, tmp_path, runner):
@@ -185,6 +186,7 @@ def test_a_killed_trainer_leaves_no_process_behind(corpus, sp_model, tmp_path, r
         print(f"runner={runner}: {len(procs)} descendants gone {took:.2f} s after the trainer's SIGKILL")
 
 
+@pytest.mark.e2e
 @pytest.mark.timeout(300)
 def test_lane_workers_die_with_their_forkserver(corpus, sp_model, tmp_path):
     """The trainer counts its workers dead once their forkserver is (it reads their exit status from the

@@ -21,6 +21,7 @@ STEPS, RESUME_AT = 6, 3
 
 
 @pytest.mark.slow
+@pytest.mark.e2e
 @pytest.mark.timeout(400)
 def test_promise_short_run(tmp_path: Path) -> None:
     cmd = [sys.executable, str(ROOT / "scripts" / "promise.py"), "--steps", str(STEPS), "--world-sizes", "1,2",

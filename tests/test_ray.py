@@ -41,7 +41,7 @@ ray = require("ray", "Ray is not installed (the `ray` extra); .ci/run installs i
 REPO = Path(__file__).resolve().parents[1]
 STEPS = 6
 # every wait in the Ray code is bounded; this bounds a test that would still hang (generous: a shared 2-core VM)
-pytestmark = pytest.mark.timeout(420)
+pytestmark = [pytest.mark.timeout(420), pytest.mark.e2e]  # a real Ray cluster
 
 
 @pytest.fixture(scope="module")

@@ -102,6 +102,7 @@ def test_the_parser_reads_fences_and_markers(tmp_path):
                                                  Block("doc.md", 9, "y = 2\n", "needs a GPU cluster")]
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("block", [b for b in ALL_BLOCKS if b.not_run is None], ids=lambda b: b.name)
 def test_python_block_runs(block: Block, demo_root: Path):
     script = demo_root / f"snippet_{re.sub(r'[^A-Za-z0-9]+', '_', block.name)}.py"

@@ -203,6 +203,7 @@ def _saved_keys(ckpt: Path) -> list[str]:
     return sorted(dcp.FileSystemReader(str(ckpt)).read_metadata().state_dict_metadata)
 
 
+@pytest.mark.e2e
 def test_dcp_saved_by_two_gloo_ranks_resumes_at_dp_1_4_8(tmp_path, recipe_path, reference):
     ckpt = tmp_path / "step-3"
     _run_gloo(2, tmp_path, recipe_path, ckpt, "save")
@@ -216,6 +217,7 @@ def test_dcp_saved_by_two_gloo_ranks_resumes_at_dp_1_4_8(tmp_path, recipe_path, 
         assert take_steps(loaders, [iter(ld) for ld in loaders], N) == reference[K:], f"dp degree {dp}"
 
 
+@pytest.mark.e2e
 def test_dcp_saved_at_dp_1_resumes_on_two_gloo_ranks(tmp_path, recipe_path, reference):
     ld = build(recipe_path, 1, 0)
     take_steps([ld], [iter(ld)], K)

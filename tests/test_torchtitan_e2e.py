@@ -92,6 +92,7 @@ def _resume_from(src: Path, dump: Path) -> None:
     shutil.copytree(src / "checkpoint" / f"step-{CKPT}", dump / "checkpoint" / f"step-{CKPT}")
 
 
+@pytest.mark.e2e
 @pytest.mark.timeout(1800)
 def test_train_checkpoint_on_2_resume_on_1_and_back_identical_data_and_loss(tmp_path, corpus, sp_model, hf_tokenizer):
     data = base_recipe_dict(corpus, {"kind": "sentencepiece", "path": str(sp_model)})

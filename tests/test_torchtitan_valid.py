@@ -207,6 +207,7 @@ def _gloo_rank(rank: int, world: int, pg_file: str, recipe: str, out: str) -> No
         dist.destroy_process_group()
 
 
+@pytest.mark.e2e
 def test_four_ranks_stop_together_after_one_pass(valid_set, tmp_path):
     ctx = multiprocessing.get_context("forkserver")
     ctx.set_forkserver_preload(["torch", "torchtitan.components.dataloader", "zephon", __name__])
@@ -260,6 +261,7 @@ def _evaluations(hash_dir: Path) -> list[list[list[str]]]:
     return [[[rows[i] for i in sorted(rows)] for _, rows in sorted(ev.items())] for ev in evals]
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 @pytest.mark.torchtitan_e2e
 @pytest.mark.timeout(900)

@@ -53,6 +53,7 @@ if __name__ == "__main__":
 """
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("runner", ["pool", "process"])
 def test_the_forkserver_starts_with_the_loader_and_preloads_zephon(corpus, sp_model, tmp_path, runner):
     recipe = base_recipe_dict(corpus, {"kind": "sentencepiece", "path": str(sp_model)})

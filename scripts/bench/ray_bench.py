@@ -121,7 +121,7 @@ def _noop_task(program: Any) -> Any:
 
 def task_overhead(task: dict) -> dict:
     import zephon
-    from zephon.engine.executors import make_executor
+    from zephon.engine.runners import make_executor
     from zephon.recipe import as_pipeline
 
     program = as_pipeline(zephon.load_recipe(task["recipe"])).compile()

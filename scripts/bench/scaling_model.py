@@ -26,7 +26,7 @@ after a warm-up, and the wall-clock rate over that window:
                (psutil), whose GIL is their own
   other        any other thread of the process (the pool's result-handling thread, which unpickles results)
 
-The collation's pixel copy (``collate_images._flat``: one ``np.concatenate``) and the transfer's read of a
+The collation's pixel copy (``zephon.batches.images._flat``: one ``np.concatenate``) and the transfer's read of a
 worker's arrays (``os.preadv`` in ``transfer.receive``) count as released too. ``--gil-check`` shows which
 of these calls let go of the GIL (a thread spinning Python beside each; ``np.asarray`` of a Pillow image
 holds it, so it is left in the held part). Per pipeline, three runs of the thread runner (a calibration
@@ -175,9 +175,9 @@ def instrument() -> tuple[Recorder, Recorder]:
     import simplejpeg
     import tokenizers
 
-    import zephon.collate_images as collate_images
+    import zephon.batches.images as collate_images
     import zephon.engine.executors as executors
-    import zephon.ops.image as image_op
+    import zephon.ops.decode_images as image_op
     import zephon.readers.webdataset as wds
     import zephon.tokenization as tokenization
     from zephon.engine.hosts import LocalLanes
