@@ -364,3 +364,19 @@ def test_max_steps_with_steps_ahead(pipe):
     with pipe.build(num_workers=2, runner="thread", steps_ahead=3, max_steps=5) as loader:
         assert ([global_digest([b]) for b in loader], loader.state_dict()) == sync
     assert len(sync[0]) == 5 and sync[1]["step"] == 5
+
+
+def test_lane_workers_exit_by_themselves_when_the_loader_closes(corpus, tok):
+    """Each lane worker ends on the stop signal, with exit code 0, and close() does not wait for it: close()
+    keeps reading what the workers queue after the stop (a worker cannot exit while its queue holds a step
+    that no one reads: 16 lanes of 2048 tokens per step here), so none is left to the SIGTERM that ends a
+    hung one, 5 s later."""
+    wide = (z.Pipeline(seed=3, lanes=32).source("web", z.read.parquet(str(corpus / "web"), chunk_rows=4))
+            .tokenize(tok).pack(seq_len=2048).batch(rows_per_lane=1))
+    loader = wide.build(num_workers=2, runner="process")
+    for _ in range(3):
+        next(loader)
+    host = loader._host
+    procs = list(getattr(host, "inner", host)._procs)
+    loader.close()
+    assert len(procs) == 2 and [p.exitcode for p in procs] == [0, 0]

@@ -146,6 +146,17 @@ def _lane_worker(pipeline: Any, lanes: list[int], states: dict[int, dict], out: 
             executor.close()
 
 
+def _drain(q: Any) -> None:
+    """Take every message waiting on ``q`` without blocking, releasing the steps' shared buffers."""
+    try:
+        while True:
+            item = q.get_nowait()
+            if item[0] == "step":
+                discard(item[1])
+    except (queue.Empty, OSError, ValueError, EOFError):
+        pass
+
+
 def _worker_death(k: int, pid: int, code: int | None) -> str:
     """Why a lane worker may have died without a word: its own errors are always reported."""
     head = f"Zephon lane worker {k} (pid {pid}) exited with code {code} without reporting an error"
@@ -305,19 +316,18 @@ class ProcessLanes:
         if not self._procs:
             return
         self._stop.set()
-        for q in self._queues:  # unblock workers waiting on a full queue
-            try:
-                while True:
-                    item = q.get_nowait()
-                    if item[0] == "step":
-                        discard(item[1])
-            except (queue.Empty, OSError, ValueError):
-                pass
-        # one deadline for all: a worker stopped or hung (not just busy) must not hold close() 5 s per worker;
-        # then SIGTERM, and SIGKILL for one that cannot take it (a stopped process keeps a SIGTERM pending)
+        # Keep draining while the workers exit: a worker that put a step after a single drain cannot exit
+        # until its queue's feeder thread has written that step into the pipe, which needs a reader. One
+        # deadline for all: a worker stopped or hung (not just busy) must not hold close() 5 s per worker;
+        # then SIGTERM, and SIGKILL for one that cannot take it (a stopped process keeps a SIGTERM pending).
         deadline = time.monotonic() + 5
-        for proc in self._procs:
-            proc.join(timeout=max(0.0, deadline - time.monotonic()))
+        while True:
+            for q in self._queues:
+                _drain(q)
+            alive = [proc for proc in self._procs if proc.is_alive()]
+            if not alive or time.monotonic() >= deadline:
+                break
+            alive[0].join(timeout=min(0.05, max(0.0, deadline - time.monotonic())))
         for proc in self._procs:
             if proc.is_alive():
                 proc.terminate()
