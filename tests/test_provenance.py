@@ -430,3 +430,108 @@ def test_the_plugins_hand_the_provenance_to_the_user(identity, sp_model):
         parts = [next(micro) for _ in range(4)]
     assert all(set(p["provenance"][:, 0].tolist()) == set(range(16 + 4 * k, 20 + 4 * k)) for k, p in enumerate(parts))
     assert torch.equal(torch.cat([p["provenance"] for p in parts]), want)
+
+
+def test_trace_decodes_each_source_with_its_own_tokenizer(identity, sp_model, hf_tokenizer):
+    sp, hf = z.tokenizer(str(sp_model)), z.tokenizer(str(hf_tokenizer))
+    pipe = (z.Pipeline(seed=5, lanes=8)
+            .source("web", z.read.parquet(str(identity / "web"), chunk_rows=8), weight=0.5)
+            .source("code", z.read.jsonl(str(identity / "code" / "*.jsonl"), chunk_bytes=600), weight=0.5)
+            .tokenize(sp, sources=["web"]).tokenize(hf, sources=["code"]).split(max_tokens=24).mix(by="tokens")
+            .pack(seq_len=40, algorithm="wrap").batch(rows_per_lane=1, provenance=True))
+    decode = {"web": load_tokenizer(sp).decode, "code": load_tokenizer(hf).decode}
+    segments = z.trace(pipe, step=1)
+    distinguished = set()
+    for seg in segments:
+        other = "code" if seg.source == "web" else "web"
+        assert seg.text == decode[seg.source](seg.token_ids), seg
+        try:
+            wrong = decode[other](seg.token_ids)
+        except IndexError:  # an id outside the other's vocabulary (what decoding with the first tokenizer did)
+            wrong = None
+        if seg.text != wrong:
+            distinguished.add(seg.source)
+    assert distinguished == {"web", "code"}  # the other tokenizer decodes these ids differently: the check can fail
+
+
+def test_trace_of_a_padding_row_has_no_segments(identity, sp_model):
+    pipe = pipeline(identity, sp_model, "best_fit", passes=1, partial="pad")
+    with pipe.build(0, 1) as loader:
+        batches = list(loader)
+    last = len(batches) - 1
+    table = batches[last]["provenance"]
+    padding = sorted({r for r, seg, *_ in table.tolist() if seg < 0})
+    filled = sorted({r for r, seg, *_ in table.tolist() if seg >= 0})
+    assert padding and filled, "the last padded step should hold both"
+    assert z.trace(pipe, step=np.int64(last), rows=padding[:2]) == []
+    got = z.trace(pipe, step=last, rows=filled[:1] + padding[:1])
+    assert got and {s.row for s in got} == {filled[0]}
+    with pytest.raises(ValueError, match="the data ends at step"):
+        z.trace(pipe, step=last + 1, rows=[0])
+
+
+def test_trace_refuses_a_malformed_state_file_by_name(identity, sp_model, tmp_path):
+    pipe = pipeline(identity, sp_model)
+    with pipe.build(0, 1) as loader:
+        for _, _ in zip(loader, range(2)):
+            pass
+        state = loader.state_dict()
+    good = tmp_path / "state.json"
+    z.save_state(state, good)
+    assert z.trace(pipe, step=3, rows=[0], state=str(good)) == z.trace(pipe, step=3, rows=[0])
+    edited = tmp_path / "edited.json"
+    edited.write_text(json.dumps({**json.loads(good.read_text()), "step": 1}))
+    with pytest.raises(z.StateError, match=r"state file .*edited\.json.*integrity"):
+        z.trace(pipe, step=3, rows=[0], state=str(edited))
+    junk = tmp_path / "junk.json"
+    junk.write_text('{"step": "x"}')
+    with pytest.raises(z.StateError, match=r"state file .*junk\.json.*not a Zephon loader state"):
+        z.trace(pipe, step=3, rows=[0], state=junk)
+    with pytest.raises(z.StateError, match=r"missing\.json: no such file"):
+        z.trace(pipe, step=3, rows=[0], state=tmp_path / "missing.json")
+
+
+def test_diff_reports_a_stream_that_ends_first(identity, sp_model):
+    short = pipeline(identity, sp_model, "best_fit", passes=1)  # drops the last steps that some lane cannot fill
+    longer = pipeline(identity, sp_model, "best_fit", passes=1, partial="pad")  # pads them: the same, and more
+    with short.build(0, 1) as loader:
+        n = sum(1 for _ in loader)
+    report = z.diff(short, longer, n + 5)
+    assert report.steps == n and report.first_step == n and report.ended == "a", report.summary()
+    assert "a's data ends there" in report.summary()
+    assert z.diff(longer, short, n + 5).ended == "b"
+    same = z.diff(short, short, n + 5)
+    assert same.first_step is None and same.ended is None and same.steps == n
+    with pipeline(identity, sp_model).build(0, 1) as loader:
+        s0 = loader.state_dict()
+        next(iter(loader))
+        s1 = loader.state_dict()
+    with pytest.raises(ValueError, match="state_a was saved at step 0 and state_b at step 1"):
+        z.diff(pipeline(identity, sp_model), pipeline(identity, sp_model), 2, state_a=s0, state_b=s1)
+
+
+def test_locate_says_a_record_was_skipped_for_its_size(identity, sp_model):
+    texts = pq.read_table(identity / "web" / "part-1.parquet").column("text").to_pylist()
+    big = next(k for k, t in enumerate(texts) if len(t.encode()) > 150)
+    small = next(k for k, t in enumerate(texts) if len(t.encode()) <= 150)
+    pipe = (z.Pipeline(seed=5, lanes=8)
+            .source("web", z.read.parquet(str(identity / "web"), chunk_rows=8, max_doc_bytes=150))
+            .tokenize(z.tokenizer(str(sp_model))).pack(seq_len=40).batch(provenance=True))
+    loc = z.locate(pipe, "web", "part-1.parquet", big)
+    assert list(loc) == [] and loc.dropped_by == "tokenize" and "max_doc_bytes = 150" in loc.reason, loc.reason
+    assert len(z.locate(pipe, "web", "part-1.parquet", small)) >= 1
+    with pytest.raises(ValueError, match=r"passes=0"):
+        z.locate(pipe, "web", "part-1.parquet", small, passes=0)
+
+
+def test_a_pre_tokenized_source_is_told_to_frame_its_ids(tmp_path, sp_model):
+    pq.write_table(pa.table({"input_ids": [[5, 6, 7, 8] * 10, [9, 10, 11] * 7]}), tmp_path / "ids.parquet")
+    tok = z.tokenizer(str(sp_model))
+    source = z.read.parquet(str(tmp_path / "ids.parquet"), tokens_field="input_ids")
+    with pytest.raises(z.PipelineError, match=r"holds token ids \(tokens_field='input_ids'\): frame them with "
+                                               r"\.tokenize\(tok, field='input_ids'\)"):
+        z.Pipeline(seed=1, lanes=2).source("t", source).tokenize(tok).pack(seq_len=16).batch().compile()
+    pipe = z.Pipeline(seed=1, lanes=2).source("t", source).tokenize(tok, field="input_ids").pack(seq_len=16).batch()
+    with pipe.build(0, 1) as loader:
+        row = next(iter(loader))["input_ids"][0].tolist()
+    assert row[:8] in ([5, 6, 7, 8] * 2, [9, 10, 11, 9, 10, 11, 9, 10])

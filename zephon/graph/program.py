@@ -269,6 +269,10 @@ def check_fields(pipe: Any, plan: WorkPlan, g: _Graph) -> None:
                     if found is not None and need in found[1] else \
                     f" Set {op.op}(field=...) to a field the records have, or read the field from the source " \
                     f"(its columns=[...])."
+                ids = decl.read.tokens_field
+                if ids is not None and isinstance(op, Tokenize):  # a pre-tokenized source: frame its ids
+                    fix = (f" Source '{decl.name}' holds token ids (tokens_field={ids!r}): frame them with "
+                           f".tokenize(tok, field={ids!r}).")
                 raise PipelineError(f"operator '{op.name}' reads field '{need}', which the records of source "
                                     f"'{decl.name}' do not have (they have {', '.join(gives) or 'no field'}{there})."
                                     f"{_close(need, gives + (found[1] if found else []))}{fix}")

@@ -36,6 +36,8 @@ class DiffReport:
             ``pack()``), ``int64 [steps]``.
         tokens_b: the same for ``b``.
         first_step_of_lane: per lane, the first step where it differs (lanes that never do are absent).
+        ended: ``"a"`` or ``"b"`` when that pipeline's data ended at ``first_step`` while the other's went on
+            (the streams differ in length there), None otherwise.
     """
 
     steps: int
@@ -44,11 +46,15 @@ class DiffReport:
     tokens_a: dict[str, np.ndarray]
     tokens_b: dict[str, np.ndarray]
     first_step_of_lane: dict[int, int] = field(default_factory=dict)
+    ended: str | None = None
 
     def summary(self) -> str:
         """A few lines for people: the verdict, the lanes, and each source's delivered share in both."""
         if self.first_step is None:
             head = f"identical for all {self.steps} steps compared"
+        elif self.ended is not None:
+            other = "b" if self.ended == "a" else "a"
+            head = f"first differing step: {self.first_step} ({self.ended}'s data ends there, {other}'s goes on)"
         else:
             where = f"lanes {_ranges(self.lanes)}" if self.lanes else "the batches (lane layouts differ)"
             head = f"first differing step: {self.first_step} ({where})"
@@ -64,7 +70,7 @@ class DiffReport:
 
     def to_dict(self) -> dict[str, Any]:
         """The report as JSON data."""
-        return {"steps": self.steps, "first_step": self.first_step, "lanes": self.lanes,
+        return {"steps": self.steps, "first_step": self.first_step, "lanes": self.lanes, "ended": self.ended,
                 "first_step_of_lane": {str(k): v for k, v in self.first_step_of_lane.items()},
                 "tokens_a": {k: v.tolist() for k, v in self.tokens_a.items()},
                 "tokens_b": {k: v.tolist() for k, v in self.tokens_b.items()}}
@@ -118,7 +124,11 @@ def diff(a: Any, b: Any, steps: int, *, state_a: Any = None, state_b: Any = None
         runner: as for :func:`zephon.build_loader`, for both.
 
     Returns:
-        A :class:`DiffReport`.
+        A :class:`DiffReport`. When one pipeline's data ends before the other's, the step where it does is
+        the first differing step (``ended`` says which).
+
+    Raises:
+        ValueError: ``state_a`` and ``state_b`` were saved at different steps (their batches cannot be paired).
     """
     pa, pb = with_provenance(a), with_provenance(b)
     la = ZephonLoader(pa, 0, 1, num_workers=num_workers, runner=runner, reuse_batch_memory=False)
@@ -128,18 +138,23 @@ def diff(a: Any, b: Any, steps: int, *, state_a: Any = None, state_b: Any = None
             if st is not None:
                 loader.load_state_dict(st)
         start = la.step
+        if lb.step != start:
+            raise ValueError(f"diff: state_a was saved at step {start} and state_b at step {lb.step}; pass states of "
+                             f"the same step (or none) so that the two streams are compared step for step")
         same_layout = (pa.lanes, la.program.rows_per_lane) == (pb.lanes, lb.program.rows_per_lane)
         tok_a: dict[str, list[int]] = {n: [] for n in la.program.names}
         tok_b: dict[str, list[int]] = {n: [] for n in lb.program.names}
         first: int | None = None
         lanes: list[int] = []
         first_of_lane: dict[int, int] = {}
+        ended: str | None = None
         done = 0
         ia, ib = iter(la), iter(lb)
         for k in range(steps):
-            try:
-                ba, bb = next(ia), next(ib)
-            except StopIteration:
+            ba, bb = next(ia, None), next(ib, None)
+            if ba is None or bb is None:
+                if (ba is None) != (bb is None) and first is None:  # one stream is longer: they differ here
+                    first, ended = start + k, "a" if ba is None else "b"
                 break
             done += 1
             _tokens(ba, la.program.names, tok_a)
@@ -155,7 +170,7 @@ def diff(a: Any, b: Any, steps: int, *, state_a: Any = None, state_b: Any = None
             if differ and first is None:
                 first, lanes = start + k, [x for x in differ if x >= 0]
         return DiffReport(done, first, lanes, {n: np.asarray(v, dtype=np.int64) for n, v in tok_a.items()},
-                          {n: np.asarray(v, dtype=np.int64) for n, v in tok_b.items()}, first_of_lane)
+                          {n: np.asarray(v, dtype=np.int64) for n, v in tok_b.items()}, first_of_lane, ended)
     finally:
         la.close()
         lb.close()
@@ -166,7 +181,8 @@ def _tokens(batch: Mapping[str, Any], names: list[str], acc: dict[str, list[int]
     counts = np.zeros(len(names), dtype=np.int64)
     known = table[:, SOURCE] >= 0
     if "segment_ids" in batch:
-        # a segment's length: its token range (a piece of unknown origin: its positions in the row)
+        # a segment's length: its token range (a piece of unknown origin, which an accumulator of yours rebuilt
+        # as a plain dict, counts 0: its source is unknown too)
         lengths = np.where(table[:, TOKEN_START] >= 0, table[:, TOKEN_END] - table[:, TOKEN_START], 0)
         np.add.at(counts, table[known, SOURCE], lengths[known])
     else:
@@ -203,7 +219,11 @@ def _lane_digests(batch: Mapping[str, Any], lanes: int, rpl: int) -> list[str]:
                 _hash_value(h, v[a:b])
         if image_row is not None and patches is not None and "pixel_values" in batch:  # pixels="flat"
             pix = batch["pixel_values"].numpy()
-            for img in np.flatnonzero((image_row >= a) & (image_row < b)).tolist():
+            mine = np.flatnonzero((image_row >= a) & (image_row < b))
+            for k in ("image_row", "image_grid_thw", "image_token_start"):  # each image's row, size and position
+                if k in batch:
+                    h.update(batch[k].numpy()[mine].tobytes())
+            for img in mine.tolist():
                 h.update(pix[patches[img]:patches[img + 1]].tobytes())
         elif "image_mask" in batch and "pixel_values" in batch:  # pixels="fixed": M slots per row
             slots = len(batch["image_mask"]) // max(1, lanes * rpl)

@@ -105,8 +105,10 @@ def locate(pipeline: Any, source: str, file: str, record: int, *, passes: int = 
         record when it makes nothing.
 
     Raises:
-        ValueError: no such source, file or record (naming what there is).
+        ValueError: no such source, file or record (naming what there is), or ``passes`` < 1.
     """
+    if isinstance(passes, bool) or not isinstance(passes, int) or passes < 1:
+        raise ValueError(f"locate(passes={passes!r}): how many passes over the source to follow, an integer >= 1")
     pipe = with_provenance(pipeline)
     program = pipe.compile()
     if source not in program.names:
@@ -179,15 +181,31 @@ def _made(program: Any, s: int, sp: Any, path: str, unit: int, record: int, coor
                          f"near it start at {sorted(near)}")
     for stage in stages.stages[s]:
         for t in stage.transforms:
-            chunk = t._apply_chunk(chunk) if chunk.n else chunk
+            before, chunk = chunk, t._apply_chunk(chunk) if chunk.n else chunk
             if chunk.origin is None or record not in set(chunk.origin[:, 0].tolist()):
-                why = "it is null, empty or whitespace only" if t.op in ("tokenize", "tokenize_chat") else \
-                    f"operator '{t.name}' ({t.op or type(t).__name__}) made nothing of it"
-                return [], t.name, why
+                return [], t.name, _why_dropped(t, before, record, sp)
     mine = chunk.origin[chunk.origin[:, 0] == record]
     lengths = np.diff(chunk.offsets)[chunk.origin[:, 0] == record] if chunk.offsets is not None else \
         np.ones(len(mine), dtype=np.int64)
     return [(int(a), int(a + n)) for (_, a), n in zip(mine.tolist(), lengths.tolist())], None, None
+
+
+def _why_dropped(t: Any, chunk: Any, record: int, sp: Any) -> str:
+    """Why operator ``t`` made nothing of ``record`` (in ``chunk``, the records it was given)."""
+    if t.op not in ("tokenize", "tokenize_chat", "tokenize_images"):
+        return f"operator '{t.name}' ({t.op or type(t).__name__}) made nothing of it"
+    column = chunk.columns.get(getattr(t, "field", None))
+    k = np.flatnonzero(chunk.origin[:, 0] == record)
+    value = column[int(k[0])] if column is not None and len(k) else None
+    if value is not None:
+        return f"its field '{t.field}' is empty or whitespace only"
+    read = sp.spec.read
+    limit, policy = getattr(read, "max_doc_bytes", None), getattr(read, "oversize", None)
+    if policy == "skip" and limit is not None:
+        return (f"its field '{getattr(t, 'field', '?')}' is null, or the record is larger than [read] max_doc_bytes = "
+                f"{limit} (oversize = \"skip\" reads it as null; raise max_doc_bytes or set oversize = \"truncate\" "
+                f"to keep it)")
+    return f"its field '{getattr(t, 'field', '?')}' is null"
 
 
 def _follow(pipe: Any, program: Any, lane: int, reads: list[tuple[int, int]], s: int, fid: int, record: int,

@@ -6,7 +6,7 @@ turns a pipeline's file ids back into paths relative to each source's root, from
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -91,7 +91,7 @@ class Namer:
 
 
 def segments_of(batch: Mapping[str, Any], step: int, namer: Namer, rows: Sequence[int] | None,
-                first_row: int, decode: Any = None) -> list[Segment]:
+                first_row: int, decoders: Sequence[Callable[[Any], str] | None] | None = None) -> list[Segment]:
     """The segments of ``batch`` (a rank's batch whose first row is global row ``first_row``) in the global rows
     ``rows`` (None: all), in row order.
 
@@ -101,7 +101,8 @@ def segments_of(batch: Mapping[str, Any], step: int, namer: Namer, rows: Sequenc
         namer: the pipeline's :class:`Namer`.
         rows: global rows to keep.
         first_row: the global row of the batch's row 0.
-        decode: ``ids -> text`` (None: no text).
+        decoders: per source index, ``ids -> text`` with the tokenizer that made its ids (None, or a source's
+            None: no text).
 
     Returns:
         The segments.
@@ -115,6 +116,7 @@ def segments_of(batch: Mapping[str, Any], step: int, namer: Namer, rows: Sequenc
         if seg == UNKNOWN or wanted is not None and g_row not in wanted:  # a row of padding, or not asked for
             continue
         local = g_row - first_row
+        decode = decoders[src] if decoders is not None and 0 <= src < len(decoders) else None
         rel, full = namer.file(src, fid) if fid != UNKNOWN else ("?", "")
         if packed:
             positions = np.flatnonzero(batch["segment_ids"][local].numpy() == seg + 1)

@@ -441,8 +441,9 @@ class ZephonDataLoader(BaseDataLoader):
 
     @property
     def last_provenance(self) -> torch.Tensor | None:
-        """The ``provenance`` tensor of the last global batch fetched (``batch(provenance=True)``; rows numbered
-        in the global batch, :mod:`zephon.origins`), or None. It is not among the inputs the trainer gets:
+        """The ``provenance`` tensor of this rank's rows of the last global batch fetched (``batch(provenance=True)``;
+        rows numbered in the global batch, :mod:`zephon.origins`; the ranks' tensors concatenated in rank order
+        are the global batch's), or None. It is not among the inputs the trainer gets:
         Torchtitan's trainer passes every input key on to the model's ``forward``."""
         return self._last_provenance
 
