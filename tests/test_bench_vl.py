@@ -56,7 +56,7 @@ def test_vl_benchmarks_run_on_a_tiny_corpus(tmp_path):
                                       "zephon_1_thread_fresh")), res
     assert res["zephon_0_inline"]["trainer_cpu_ms_per_image"] > 0  # inline: the trainer's thread decodes
     run([str(BENCH / "vl_stages.py"), "--data", str(data), "--images", "40", "--passes", "1", "--batches", "1",
-         "--warmup", "1"])
+         "--warmup", "1", "--repeats", "1"])
     out = tmp_path / "decode_paths.json"
     run([str(BENCH / "decode_paths.py"), "--data", str(data), "--images", "12", "--passes", "1",
          "--compare-src", str(REPO), "--json", str(out)])

@@ -251,6 +251,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--passes", type=int, default=3)
     ap.add_argument("--batches", type=int, default=12, help="Zephon batches ([8, 4096]) measured per run")
     ap.add_argument("--warmup", type=int, default=20)
+    ap.add_argument("--repeats", type=int, default=2, help="runs of each Zephon configuration, interleaved")
     ap.add_argument("--json", default="")
     args = ap.parse_args(argv)
     data = Path(args.data).resolve()
@@ -266,12 +267,12 @@ def main(argv: list[str] | None = None) -> int:
     tokens_per_image = passes[0]["_tokens_per_image"]
     image_tokens = passes[0]["_image_tokens_per_image"]
     zt = {}
-    for pixels in ("lists", "flat", "lists", "flat"):  # interleaved, twice each
+    for pixels in ("lists", "flat") * args.repeats:  # interleaved
         r = zephon_trainer_thread(data, pixels, args.batches, args.warmup)
         zt.setdefault(pixels, []).append(r["cpu_s"] / r["images"] * 1e3)
         print(f"  zephon trainer thread, pixels={pixels}: {zt[pixels][-1]:.3f} CPU ms/image (load {vc.load_now()})",
               flush=True)
-    inline = [zephon_inline(data, args.batches, args.warmup) for _ in range(2)]
+    inline = [zephon_inline(data, args.batches, args.warmup) for _ in range(args.repeats)]
     inline_ms = [r["cpu_s"] / r["images"] * 1e3 for r in inline]
     stages["pack + collate tokens (Zephon trainer thread, pixels='lists')"] = statistics.median(zt["lists"])
     stages["collate pixels (flat uint8 tensor; 'flat' minus 'lists')"] = (statistics.median(zt["flat"])
