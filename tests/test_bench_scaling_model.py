@@ -8,24 +8,11 @@ points and its check against the measured 1- and 2-worker runs; and that the plo
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
 from tests.optional import require
-
-REPO = Path(__file__).resolve().parents[1]
-BENCH = REPO / "scripts" / "bench"
-
-
-def run(args: list[str], timeout: float = 300) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
-    p = subprocess.run([sys.executable, *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
-    assert p.returncode == 0, f"{' '.join(args)} exited {p.returncode}\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}"
-    return p
+from tests.scripts_run import BENCH, run_script
 
 
 @pytest.mark.slow
@@ -34,13 +21,13 @@ def test_scaling_model_runs_on_tiny_corpora(tmp_path):
     for mod in ("psutil", "matplotlib", "simplejpeg", "array_record"):
         require(mod)
     text, vl = tmp_path / "text", tmp_path / "vl"
-    run([str(BENCH / "make_corpus.py"), "--out", str(text), "--no-share-doc", "--min-docs", "100", "--packages",
+    run_script([str(BENCH / "make_corpus.py"), "--out", str(text), "--no-share-doc", "--min-docs", "100", "--packages",
          "tokenizers", "--max-docs", "3000", "--files", "8", "--row-group", "100", "--tokenizer-sample-mb", "1",
          "--vocab-size", "4096"])
-    run([str(BENCH / "make_vl_corpus.py"), "--out", str(vl), "--samples", "200", "--per-shard", "50", "--docs", "0",
+    run_script([str(BENCH / "make_vl_corpus.py"), "--out", str(vl), "--samples", "200", "--per-shard", "50", "--docs", "0",
          "--no-debian", "--max-side", "640"])
     out, png = tmp_path / "model.json", tmp_path / "model.png"
-    run([str(BENCH / "scaling_model.py"), "--quick", "--data", str(text), "--vl-data", str(vl), "--out", str(out),
+    run_script([str(BENCH / "scaling_model.py"), "--quick", "--data", str(text), "--vl-data", str(vl), "--out", str(out),
          "--png", str(png)])
     doc = json.loads(out.read_text())
     assert png.stat().st_size > 10_000 and not doc["failed"] and doc["quick"]
