@@ -319,6 +319,8 @@ class SourceStream:
         """The next document and whether a flush is due after it (document None: due before it, when a
         unit completed without giving one; or the source has ended, :attr:`ended`)."""
         chunk = self._chunk
+        if chunk is None and self.ended:  # asked again after its end (a mixer forgets ended sources at a sentinel)
+            return None, False
         while chunk is None:
             try:
                 chunk = next(self.chunks)

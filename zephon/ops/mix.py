@@ -16,7 +16,11 @@ Worked example, weights 0.7/0.3 by documents (integer weights 7 and 3, M = 21, s
 
     picks: web code web web code web web code web web | web code ... (7 web and 3 code in every 10)
 
-At a flush sentinel the counts restart from zero, exactly as a mixer built at that point would.
+At a flush sentinel the mixer becomes exactly a mixer built at that point: the counts restart from zero
+and it forgets which sources have ended. A mixer rebuilt there on resume cannot know it (no operator state
+is checkpointed), so the uninterrupted run's mixer must not know it either: after each sentinel an ended
+source is named again, found ended by its stream at once (it gives no record), and dropped again, the
+counts restarting at that point in both runs.
 
 **Weights that change** (a :class:`~zephon.ops.schedule.Schedule`, or ``loader.set_mixture``): before
 each decision the mixer asks the lane's clock (:mod:`zephon.engine.clock`) which step the decision
@@ -174,5 +178,9 @@ class Mixer(Merge):
         raise TypeError("mix is fed by the sources (push_from), not by another operator")
 
     def flush(self) -> Iterable[Any]:
-        self._taken = [0] * len(self._taken)
+        """Become a fresh mixer for the next segment: counts, weights and ended sources forgotten (a mixer
+        rebuilt at this sentinel on resume knows none of them; see the module docstring)."""
+        self._step = None
+        self._ended.clear()
+        self._set(self.raw_weights)
         return ()
