@@ -161,7 +161,10 @@ class Mixer(Merge):
             self._refresh()
         if len(self.weights) == 1:
             return -1 if self._ended else 0
-        taken, total, big_w = self._taken, sum(self._taken), self.total_weight
+        return self._pick(self._taken)
+
+    def _pick(self, taken: Sequence[int]) -> int:
+        total, big_w = sum(taken), self.total_weight
         best, best_key = -1, 0
         for s, (w, m) in enumerate(zip(self.weights, self.strides)):
             if w and taken[s] * big_w <= total * w:  # eligible: not ahead of its share (one always is)
@@ -169,6 +172,37 @@ class Mixer(Merge):
                 if best < 0 or key < best_key:
                     best, best_key = s, key
         return best
+
+    def take_run(self, limit: int) -> tuple[int, int]:
+        """The source of the next record and how many of the next ``limit`` picks go to it in a row, the
+        same picks :meth:`next_source` makes one by one (the batched record-rows path): the whole ``limit``
+        while one source is left; by tokens, one (the next pick depends on the record's length); by
+        documents, as many as the counts give. Changes nothing: :meth:`push_run` books what was taken.
+
+        Returns:
+            ``(source, n)``, or ``(-1, 0)`` once no source is left.
+        """
+        s = self.next_source()
+        if s < 0:
+            return -1, 0
+        if limit <= 1:
+            return s, 1
+        if len(self.weights) == 1 or sum(1 for w in self.weights if w) == 1:
+            return s, limit
+        if self.by_tokens:
+            return s, 1
+        taken = list(self._taken)
+        n = 1
+        taken[s] += 1
+        while n < limit and self._pick(taken) == s:
+            taken[s] += 1
+            n += 1
+        return s, n
+
+    def push_run(self, span: Any, source: int) -> None:
+        """Book a run of records of ``source`` (a :class:`~zephon.ops.batch.RecordSpan`) as taken, as
+        :meth:`push_from` does for each."""
+        self._taken[source] += span.tokens() if self.by_tokens else len(span)
 
     def push_from(self, record: Mapping[str, Any], source: int) -> Iterable[Any]:
         self._taken[source] += len(record[INPUT_IDS]) if self.by_tokens else 1
