@@ -191,3 +191,51 @@ def test_reset_none_starts_a_used_loader_from_the_beginning(corpus, tok):
     loader.node.reset(None)
     assert loader.step == 0
     assert [z.batch_digest(next(loader)) for _ in range(3)] == first
+
+
+def three_sources(corpus: Path, tok, lanes: int = 4) -> z.Pipeline:
+    """Two sources that repeat and a short one that stops early (one pass over one file): after it stops,
+    the mixer chooses between the other two for the rest of the run, across many sentinels."""
+    short = min((corpus / "web").glob("*.parquet"))
+    return (z.Pipeline(seed=11, lanes=lanes, flush_every=2, flush_by="chunks")
+            .source("web", z.read.parquet(str(corpus / "web"), chunk_rows=8), weight=0.5)
+            .source("code", z.read.jsonl(str(corpus / "code" / "*.jsonl"), chunk_bytes=4096, unit_bytes=16384),
+                    weight=0.3)
+            .source("short", z.read.parquet(str(short), chunk_rows=4), weight=0.2, passes=1)
+            .tokenize(tok).split(max_tokens=256)
+            .mix(by="documents")
+            .pack(seq_len=256, algorithm="best_fit", max_open_bins=4)
+            .batch(rows_per_lane=4))
+
+
+@pytest.fixture(scope="module")
+def short_ends(corpus, tok):
+    pipe = three_sources(corpus, tok)
+    return pipe, global_hashes(pipe, 1, 45)
+
+
+def short_tokens(loader) -> float:
+    m = loader.metrics()
+    return m["source_token_share"].get("short", 0) * m["doc_tokens"]
+
+
+def test_the_short_source_ends_early(corpus, tok):
+    """The premise of the resumes below: the short source has stopped before step 30 (the others go on)."""
+    loader = three_sources(corpus, tok).build()
+    for _ in range(30):
+        next(loader)
+    at_30 = short_tokens(loader)
+    for _ in range(15):
+        next(loader)
+    assert at_30 > 0 and short_tokens(loader) == pytest.approx(at_30, rel=1e-12)
+    assert loader.metrics()["flushes"] > 100  # many sentinels since it stopped
+
+
+@pytest.mark.parametrize("world,new_world,at", [(1, 1, 30), (2, 2, 35), (4, 1, 30), (1, 4, 38), (2, 4, 41)])
+def test_a_resume_after_a_finite_source_ended_equals_the_uninterrupted_run(short_ends, world, new_world, at):
+    """A mixer rebuilt at a sentinel does not know which sources have ended (no operator state is stored):
+    the uninterrupted run's mixer forgets them at each sentinel too, so both make the same choices."""
+    pipe, reference = short_ends
+    assert len(reference) == 45
+    assert global_hashes(pipe, world, 45) == reference
+    assert global_hashes(pipe, world, 45, resume_at=at, resume_world_size=new_world) == reference

@@ -25,6 +25,7 @@ from .engine.lane import lane_depth
 from .engine.tokenizer_pool import uses_hf_tokenizer
 from .errors import StateError
 from .graph.program import CompiledPipeline
+from .ops.batch import RecordBlock, RecordSpan, flat_rows
 from .origins import PROVENANCE_KEY
 from .records import IGNORE
 from .state.checkpoint import STATE_FORMAT, STATE_VERSION, check_compatible, check_container, seal, unwrap_state
@@ -283,10 +284,13 @@ class ZephonLoader:
         if self._ended or (self.max_steps is not None and self.step >= self.max_steps):
             raise StopIteration
         if not self.program.finite:
-            return [row for lane_rows in self._host.next_step() for row in lane_rows], True
+            return flat_rows(self._host.next_step()), True
         # the lanes' positions before this step: if it is not delivered, they are the state to keep
         self._before_step = self._host.states()
-        rows = [row for lane_rows in self._host.next_step() for row in lane_rows]
+        rows = flat_rows(self._host.next_step())
+        if type(rows) is RecordBlock:
+            pad = rows.padding()
+            return rows, (pad == 0 if self.program.partial == "drop" else pad < len(rows))
         if self.program.partial == "drop":
             return rows, all(r.fill for r in rows)
         return rows, any(r.fill for r in rows)
@@ -320,7 +324,9 @@ class ZephonLoader:
         d = self._delivered
         d["rows"] += len(rows)
         by_source = self._delivered_by_source
-        for row in rows:
+        if type(rows) is RecordBlock:  # the batched record-rows path: per span, not per row
+            _count_block(rows, d, by_source)
+        for row in (() if type(rows) is RecordBlock else rows):
             d["pad"] += row.free
             if row.flushed:
                 d["flush_pad"] += row.free
@@ -608,6 +614,22 @@ def _chosen_lanes(lanes: Any, total: int) -> range:
     if not isinstance(lanes, range) or lanes.step != 1 or not 0 <= lanes.start < lanes.stop <= total:
         raise ValueError(f"lanes={lanes!r}: a range of consecutive lanes within [0, {total})")
     return lanes
+
+
+def _count_block(rows: RecordBlock, d: dict, by_source: Any) -> None:
+    """The delivered-rows metrics of a step's :class:`RecordBlock`: what the per-row loop books for each of
+    its rows (padding rows, documents ended, records per source)."""
+    for part in rows.parts:
+        if type(part) is int:
+            d["pad"] += part
+        elif type(part) is RecordSpan:
+            d["docs"] += len(part)
+            by_source[part.source] += len(part)
+        else:
+            d["pad"] += part.free
+            d["docs"] += documents_ended(part)
+            if part.fill:
+                by_source[getattr(part.record, "source", -1)] += 1
 
 
 def documents_ended(row: Any) -> int:

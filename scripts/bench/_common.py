@@ -320,13 +320,14 @@ def measure_stream(make: Callable[[], tuple[Iterable, Callable[[], None]]], step
             for _ in range(1, max(1, warmup)):
                 take()
             for w in range(n_windows):
-                t0 = timer.elapsed()
+                t0, cpu0 = timer.elapsed(), time.thread_time()
                 for _ in range(steps):
                     take(timed=True)
-                sec = timer.elapsed() - t0
+                sec, cpu = timer.elapsed() - t0, time.thread_time() - cpu0
                 extra = after_window(run) if after_window else {}
+                # thread_cpu_s: CPU time of the thread calling next() (the trainer's) over the window
                 windows.append({"run": run, "window": w, "seconds": sec, "tokens": steps * tokens_per_batch,
-                                "tokens_per_s": steps * tokens_per_batch / sec, **extra})
+                                "tokens_per_s": steps * tokens_per_batch / sec, "thread_cpu_s": cpu, **extra})
             total, timed_batches = timer.elapsed(), index
             in_tail = True
             for _ in range(tail):  # for their digests only: outside every figure

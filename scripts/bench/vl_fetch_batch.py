@@ -37,7 +37,8 @@ batches of 256 samples, nothing decoded. ``--mode decode``: the same, with every
   zephon_*_before       with --zephon-src DIR: the same configuration run from DIR's zephon/ (the code before a
                         change), interleaved with the others in every round
 
-Reported: samples/s (image-caption pairs delivered in batches per second: the comparable figure). Protocol
+Reported: samples/s (image-caption pairs delivered in batches per second: the comparable figure), and the
+CPU time of the thread that calls ``next()`` (the trainer's) per sample over the timed windows. Protocol
 as fetch_batch.py: one subprocess per configuration and round; warm-up batches, then timed windows, the
 rate over all of them together (samples over seconds: a packing pipeline delivers in bursts, and the
 median of short windows picks the fast ones; each window's rate is kept in the JSON). Read-ahead drains
@@ -362,6 +363,8 @@ def run_config(task: dict[str, Any]) -> dict[str, Any]:
     w0, s = max(1, task["warmup"]), task["steps"]
     per_s = [sum(counts[w0 + k * s:w0 + (k + 1) * s]) / w["seconds"] for k, w in enumerate(res["runs"])]
     pooled = sum(counts[w0:w0 + len(res["runs"]) * s]) / sum(w["seconds"] for w in res["runs"])
+    timed = sum(counts[w0:w0 + len(res["runs"]) * s])
+    res["trainer_cpu_us_per_sample"] = 1e6 * sum(w["thread_cpu_s"] for w in res["runs"]) / max(1, timed)
     res.update(samples_per_s=pooled, samples_per_s_windows=per_s,
                samples_per_batch=sum(counts) / len(counts), load_before=load_before, load_after=vc.load_now(),
                cpu_s=sum(os.times()[:4]))
@@ -521,8 +524,8 @@ def main(argv: list[str] | None = None) -> int:
             r["_workers"] = c["workers"]
             per_cfg[c["name"]].append(r)
             if r.get("ok"):
-                print(f"{r['samples_per_s'] / 1e3:8.2f} k samples/s  (load {r['load_before']} -> {r['load_after']})",
-                      flush=True)
+                print(f"{r['samples_per_s'] / 1e3:8.2f} k samples/s, trainer {r['trainer_cpu_us_per_sample']:.2f} us "
+                      f"CPU/sample  (load {r['load_before']} -> {r['load_after']})", flush=True)
             else:
                 print(f"FAILED: {r.get('error')}", flush=True)
     results = {c["name"]: {**c, **median_round(per_cfg[c["name"]], "samples_per_s")} for c in cfgs}
@@ -531,15 +534,16 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for n, r in results.items():
         if not r.get("ok"):
-            rows.append([n, r["workers"], r["runner"], "FAILED", "", "", "", "", (r.get("error") or "")[:160]])
+            rows.append([n, r["workers"], r["runner"], "FAILED", "", "", "", "", "", (r.get("error") or "")[:160]])
             continue
         sp = r.get("round_samples_per_s") or [r["samples_per_s"]]
         rows.append([n, r["workers"], r["runner"], f"{r['samples_per_s'] / 1e3:,.2f}", vc.spread(sp),
-                     f"{r['samples_per_s'] / base_v:.2f}" if base_v else "-", f"{r['samples_per_batch']:.0f}",
+                     f"{r['samples_per_s'] / base_v:.2f}" if base_v else "-",
+                     f"{r['trainer_cpu_us_per_sample']:.2f}", f"{r['samples_per_batch']:.0f}",
                      f"{r['first_batch_s']:.2f}", f"{r['peak_rss_mb']:,.0f}"])
     print()
-    print(fmt_table(["config", "workers", "runner", "k samples/s", "rounds", "x plain", "samples/batch",
-                     "1st batch s", "peak RSS MB / error"], rows, align="lrlrlrrrl"))
+    print(fmt_table(["config", "workers", "runner", "k samples/s", "rounds", "x plain", "trainer us CPU/sample",
+                     "samples/batch", "1st batch s", "peak RSS MB / error"], rows, align="lrlrlrrrrl"))
     check_lines, mismatch, zephon_failed = zephon_hash_check(results)
     print()
     print("\n".join(check_lines))

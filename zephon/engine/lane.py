@@ -21,7 +21,7 @@ import numpy as np
 from torchdata.nodes import BaseNode
 
 from ..ops.base import LaneContext
-from ..ops.batch import RecordRow
+from ..ops.batch import RecordBlock, RecordRow, RecordSpan
 from ..plan import WorkPlan
 from ..records import INPUT_IDS, Flush, Row
 from ..state.lane import LaneState, parse_lane_state
@@ -165,6 +165,7 @@ class Lane(BaseNode[list[Row]]):
         self._counters = self.nodes.counters
         self.clock = self.nodes.clock
         self._state = LaneState.initial(program.names)
+        self.blocks = False  # the batched record-rows path (set at reset, once the operators are built)
 
     @property
     def counters(self) -> LaneCounters:
@@ -181,6 +182,10 @@ class Lane(BaseNode[list[Row]]):
             self._state = initial_state if isinstance(initial_state, LaneState) else \
                 self.program.parse_state(initial_state, self.lane)
         self._rows.reset(chain_state(self.nodes, self._state) if self._state.sentinels else None)
+        # the batched record-rows path (RecordSpan, RecordBlock: zephon.ops.batch): nothing per record between
+        # the merge and the rows, and a merge that takes runs of one source
+        self.blocks = self.program.records and len(self.nodes.accumulators) == 1 and \
+            hasattr(self._rows.acc, "push_span") and hasattr(self.nodes.merge.merge, "take_run")
         self._segment_start = self._state  # state at the last sentinel seen
         self._since = 0  # rows emitted after that sentinel
         self.ended = False  # the chain has no more rows: the lane delivers padding rows
@@ -236,9 +241,38 @@ class Lane(BaseNode[list[Row]]):
         """The latest step the lane's merge has decided documents for (see :mod:`zephon.engine.clock`)."""
         return self.clock.decided
 
+    def _next_block(self) -> RecordBlock:
+        """The step's rows on the batched record-rows path: spans of records, then padding once ended."""
+        need, parts = self.program.rows_per_lane, []
+        rows = self._rows
+        while need:
+            if self.ended:
+                parts.append(need)
+                self._since += need
+                break
+            try:
+                item = rows.next_block(need)
+            except StopIteration:
+                self.ended = True
+                continue
+            if type(item) is Flush:
+                self._segment_start = LaneState(item.index, dict(zip(self.program.names, item.positions)), 0,
+                                                item.carry, (self.clock.rows, item.release))
+                self._since = 0
+                self._taken_base = item.taken or self._taken_base
+                continue
+            n = len(item) if type(item) is RecordSpan else 1
+            parts.append(item)
+            need -= n
+            self._since += n
+        return RecordBlock(parts)
+
     def next(self) -> list[Row]:
         self.skip_delivered()
-        rows = [self._next_row() for _ in range(self.program.rows_per_lane)]
+        if self.blocks:
+            rows: Any = self._next_block()
+        else:
+            rows = [self._next_row() for _ in range(self.program.rows_per_lane)]
         self._counters.rows += len(rows)
         start = self._segment_start
         replay = tuple(s.taken - b for s, b in zip(self._streams, self._taken_base)) if self._since else ()

@@ -30,6 +30,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 from torchdata.nodes import BaseNode
 
 from ..ops.base import LaneContext, call_factory
+from ..ops.batch import RecordSpan
 from ..records import Flush
 from ..errors import StateError
 from .counters import LaneCounters
@@ -178,6 +179,40 @@ class MergeNode(_Replaying, BaseNode):
             self._emitted += 1
         return item
 
+    def next_block(self, limit: int) -> Any:
+        """The batched record-rows path: the next up to ``limit`` records as one
+        :class:`~zephon.ops.batch.RecordSpan` (a run of picks of one source, within one chunk), or the next
+        sentinel; the same records, positions and sentinels as ``limit`` calls of ``next()``. The merge must
+        have ``take_run``/``push_run`` (the built-in mixer). ``StopIteration`` once every source has ended."""
+        if self._replay_to:
+            self._replay()
+        queue = self._queue
+        clock, merge, streams = self.clock, self.merge, self.streams
+        while not queue:
+            if clock is not None:
+                clock.decision_rows = clock.rows  # the span's decisions all belong to this row's step
+            s, n = merge.take_run(limit)
+            if s < 0:
+                raise StopIteration
+            stream = streams[s]
+            span, flush_due = stream.take_span(n)
+            if span is None:
+                if stream.ended:
+                    merge.source_ended(s)
+                    continue
+                self._sentinel()
+                continue
+            merge.push_run(span, s)
+            queue.append(span)
+            if flush_due:
+                self._sentinel()
+        item = queue.popleft()
+        if type(item) is Flush:
+            self._anchor, self._emitted = item, 0
+        else:
+            self._emitted += len(item) if type(item) is RecordSpan else 1
+        return item
+
 
 class AccumulatorNode(_Replaying, BaseNode):
     """Drives one accumulator over its upstream's records and sentinels (see the module docstring).
@@ -277,6 +312,36 @@ class AccumulatorNode(_Replaying, BaseNode):
             if self.clock is not None:
                 self.clock.rows += 1
         return item
+
+
+    def next_block(self, limit: int) -> Any:
+        """The batched record-rows path (this node drives ``RecordRows``, straight after the merge): the next
+        up to ``limit`` rows as one :class:`~zephon.ops.batch.RecordSpan`, or a single row, or the next
+        sentinel; the same rows, sentinels, clock and state as ``next()`` calls."""
+        if self._replay_to:
+            self._replay()
+        if self._out or self._ended:
+            return self._next_item()
+        try:
+            item = self.upstream.next_block(limit)
+        except StopIteration:
+            self._ended = True
+            self._extend(self.acc.flush())
+            return self._next_item()
+        if type(item) is Flush:
+            self._entries.append(self.upstream.get_state())
+            self._extend(self.acc.flush())
+            self._out.append(item)
+            return self._next_item()
+        if type(item) is not RecordSpan:
+            self._out.extend(self.acc.push(item))
+            return self._next_item()
+        rows = self.acc.push_span(item)
+        n = len(rows)
+        self._emitted += n
+        if self.clock is not None:
+            self.clock.rows += n
+        return rows
 
 
 class TransformStep:

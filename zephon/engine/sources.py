@@ -24,6 +24,7 @@ from torchdata.nodes import BaseNode
 
 from ..plan import ChunkTask, SourcePlan
 from ..errors import SourceError
+from ..ops.batch import RecordSpan
 from ..records import IGNORE, INPUT_IDS, Chunk, Doc
 from ..errors import StateError
 from .counters import LaneCounters
@@ -319,6 +320,8 @@ class SourceStream:
         """The next document and whether a flush is due after it (document None: due before it, when a
         unit completed without giving one; or the source has ended, :attr:`ended`)."""
         chunk = self._chunk
+        if chunk is None and self.ended:  # asked again after its end (a mixer forgets ended sources at a sentinel)
+            return None, False
         while chunk is None:
             try:
                 chunk = next(self.chunks)
@@ -352,3 +355,36 @@ class SourceStream:
             return doc, self._finish(chunk)
         self.position = (self._unit_seq, self._cursors[k], self._skips[k])
         return doc, False
+
+    def take_span(self, limit: int) -> tuple[RecordSpan | None, bool]:
+        """Up to ``limit`` next documents of the open chunk as one :class:`~zephon.ops.batch.RecordSpan`
+        (the batched record-rows path): what ``limit`` calls of :meth:`take` would give while the chunk
+        lasts, position and counts included; a flush is due after the span only where the chunk ends."""
+        chunk = self._chunk
+        if chunk is None:
+            if self.ended:
+                return None, False
+            while chunk is None:
+                try:
+                    chunk = next(self.chunks)
+                except StopIteration:
+                    self.ended = True
+                    return None, False
+                self.taken += 1
+                if chunk.n == 0:
+                    if chunk.unit_end:
+                        self.watch.empty_unit()
+                    if self._finish(chunk):
+                        return None, True
+                    chunk = None
+                    continue
+                self._open(chunk)
+        k = self._k
+        stop = min(self._n, k + limit)
+        self._k = stop
+        span = RecordSpan(self.index, k, stop, self._payloads, self._ids, self._offs, self._more_tokens,
+                          self._tails, self._origins)
+        if stop == self._n:
+            return span, self._finish(chunk)
+        self.position = (self._unit_seq, self._cursors[stop - 1], self._skips[stop - 1])
+        return span, False

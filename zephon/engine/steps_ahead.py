@@ -25,6 +25,7 @@ import threading
 import weakref
 from typing import Any, Callable
 
+from ..ops.batch import RecordBlock, flat_rows
 from ..records import Row
 from ..state.lane import LaneState
 from .counters import LaneCounters
@@ -59,7 +60,7 @@ class StepsAhead:
             mark = self.inner.mark()
             # metrics read this copy: they never wait for a step in progress (a burst can take seconds)
             self._counters = {lane: copy.deepcopy(c) for lane, c in self.inner.counters().items()}
-        flat = [row for lane_rows in rows for row in lane_rows]
+        flat = flat_rows(rows)
         return ("step", rows, mark, (flat, self.collate(flat)) if self.collate else None)
 
     def _start(self) -> None:
@@ -129,6 +130,9 @@ class StepsAhead:
         """The batch the thread collated for the step just delivered, if ``rows`` are that step's rows
         (``None`` otherwise: the caller collates)."""
         made, self._batch = self._batch, None
+        if made is not None and type(rows) is RecordBlock and type(made[0]) is RecordBlock:  # compared by parts
+            same = len(made[0].parts) == len(rows.parts) and all(a is b for a, b in zip(made[0].parts, rows.parts))
+            return made[1] if same else None
         if made is None or len(made[0]) != len(rows) or any(a is not b for a, b in zip(made[0], rows)):
             return None
         return made[1]

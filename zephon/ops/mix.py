@@ -16,7 +16,11 @@ Worked example, weights 0.7/0.3 by documents (integer weights 7 and 3, M = 21, s
 
     picks: web code web web code web web code web web | web code ... (7 web and 3 code in every 10)
 
-At a flush sentinel the counts restart from zero, exactly as a mixer built at that point would.
+At a flush sentinel the mixer becomes exactly a mixer built at that point: the counts restart from zero
+and it forgets which sources have ended. A mixer rebuilt there on resume cannot know it (no operator state
+is checkpointed), so the uninterrupted run's mixer must not know it either: after each sentinel an ended
+source is named again, found ended by its stream at once (it gives no record), and dropped again, the
+counts restarting at that point in both runs.
 
 **Weights that change** (a :class:`~zephon.ops.schedule.Schedule`, or ``loader.set_mixture``): before
 each decision the mixer asks the lane's clock (:mod:`zephon.engine.clock`) which step the decision
@@ -157,7 +161,10 @@ class Mixer(Merge):
             self._refresh()
         if len(self.weights) == 1:
             return -1 if self._ended else 0
-        taken, total, big_w = self._taken, sum(self._taken), self.total_weight
+        return self._pick(self._taken)
+
+    def _pick(self, taken: Sequence[int]) -> int:
+        total, big_w = sum(taken), self.total_weight
         best, best_key = -1, 0
         for s, (w, m) in enumerate(zip(self.weights, self.strides)):
             if w and taken[s] * big_w <= total * w:  # eligible: not ahead of its share (one always is)
@@ -165,6 +172,37 @@ class Mixer(Merge):
                 if best < 0 or key < best_key:
                     best, best_key = s, key
         return best
+
+    def take_run(self, limit: int) -> tuple[int, int]:
+        """The source of the next record and how many of the next ``limit`` picks go to it in a row, the
+        same picks :meth:`next_source` makes one by one (the batched record-rows path): the whole ``limit``
+        while one source is left; by tokens, one (the next pick depends on the record's length); by
+        documents, as many as the counts give. Changes nothing: :meth:`push_run` books what was taken.
+
+        Returns:
+            ``(source, n)``, or ``(-1, 0)`` once no source is left.
+        """
+        s = self.next_source()
+        if s < 0:
+            return -1, 0
+        if limit <= 1:
+            return s, 1
+        if len(self.weights) == 1 or sum(1 for w in self.weights if w) == 1:
+            return s, limit
+        if self.by_tokens:
+            return s, 1
+        taken = list(self._taken)
+        n = 1
+        taken[s] += 1
+        while n < limit and self._pick(taken) == s:
+            taken[s] += 1
+            n += 1
+        return s, n
+
+    def push_run(self, span: Any, source: int) -> None:
+        """Book a run of records of ``source`` (a :class:`~zephon.ops.batch.RecordSpan`) as taken, as
+        :meth:`push_from` does for each."""
+        self._taken[source] += span.tokens() if self.by_tokens else len(span)
 
     def push_from(self, record: Mapping[str, Any], source: int) -> Iterable[Any]:
         self._taken[source] += len(record[INPUT_IDS]) if self.by_tokens else 1
@@ -174,5 +212,9 @@ class Mixer(Merge):
         raise TypeError("mix is fed by the sources (push_from), not by another operator")
 
     def flush(self) -> Iterable[Any]:
-        self._taken = [0] * len(self._taken)
+        """Become a fresh mixer for the next segment: counts, weights and ended sources forgotten (a mixer
+        rebuilt at this sentinel on resume knows none of them; see the module docstring)."""
+        self._step = None
+        self._ended.clear()
+        self._set(self.raw_weights)
         return ()
