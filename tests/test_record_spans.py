@@ -12,6 +12,8 @@ from __future__ import annotations
 import pickle
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 import zephon as z
@@ -175,3 +177,37 @@ def test_take_run_makes_the_picks_next_source_makes(weights, limit):
         runs.push_run(RecordSpan(s, 0, n, ()), s)
         got.extend([s] * n)
     assert got[:200] == picks
+
+
+def _with_ids(k: int) -> dict:
+    return {"text": f"doc {k} " + "word " * (k % 11), "input_ids": [7] * (k % 3 + 1)}
+
+
+def _add_ids(record: dict) -> dict:
+    return {**record, "input_ids": [7] * (len(record["text"]) % 3 + 1)}
+
+
+def test_a_record_field_named_like_the_token_ids_is_refused(hf_tokenizer, tmp_path):
+    """A record's own ``input_ids`` beside the ids tokenizing makes would replace them in the batch and be what a
+    mixer by tokens counts (so the batched and per-record paths would pick differently): refused, when the
+    pipeline is built where the fields are known, else at the first chunk, naming the source and the fix."""
+    tok = z.tokenizer(str(hf_tokenizer))
+    records = [_with_ids(k) for k in range(60)]
+    both = z.read.records(records, columns=["text", "input_ids"], chunk_rows=7)
+    pipe = z.Pipeline(seed=3, lanes=2).source("s", both).tokenize(tok, field="text").mix(by="tokens").batch(4)
+    with pytest.raises(z.PipelineError, match=r"source 's', whose records also keep a field 'input_ids' \(read "
+                                              r"from its files\)"):
+        pipe.compile()
+    ids = tmp_path / "ids.parquet"
+    pq.write_table(pa.table({"input_ids": [[5, 6, 7]] * 20}), ids)
+    pre = z.read.parquet(str(ids), tokens_field="input_ids")
+    with pytest.raises(z.PipelineError, match=r"keep_field=True"):
+        (z.Pipeline(seed=3, lanes=2).source("p", pre).tokenize(tok, field="input_ids", keep_field=True)
+         .pack(seq_len=16).batch()).compile()
+    text = z.read.records([{"text": r["text"]} for r in records], columns=["text"], chunk_rows=7)
+    added = (z.Pipeline(seed=3, lanes=2).source("s", text).map(_add_ids, version="1")  # fields unknown when built
+             .tokenize(tok, field="text").mix(by="tokens"))
+    for p in (added.batch(4), added.accumulate(Identity, version="1").batch(4)):  # batched path, per-record path
+        with p.build(0, 1) as loader, pytest.raises(z.SourceError, match=r"source 's' .*a field 'input_ids' beside "
+                                                                          r"the token field"):
+            next(iter(loader))

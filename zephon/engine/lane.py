@@ -13,6 +13,7 @@ and the already-delivered rows are skipped.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -267,7 +268,9 @@ class Lane(BaseNode[list[Row]]):
             self._since += n
         return RecordBlock(parts)
 
-    def next(self) -> list[Row]:
+    def next(self) -> Sequence[Row]:
+        """This lane's rows of the next step: a list, or on the batched record-rows path a
+        :class:`~zephon.ops.batch.RecordBlock` (a sequence of the same rows, not a ``list``)."""
         self.skip_delivered()
         if self.blocks:
             rows: Any = self._next_block()

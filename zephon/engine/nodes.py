@@ -313,11 +313,11 @@ class AccumulatorNode(_Replaying, BaseNode):
                 self.clock.rows += 1
         return item
 
-
     def next_block(self, limit: int) -> Any:
         """The batched record-rows path (this node drives ``RecordRows``, straight after the merge): the next
         up to ``limit`` rows as one :class:`~zephon.ops.batch.RecordSpan`, or a single row, or the next
-        sentinel; the same rows, sentinels, clock and state as ``next()`` calls."""
+        sentinel; the same rows, sentinels, clock and state as ``next()`` calls. Only ``RecordRows`` takes this
+        path (the lane chooses it), whose flush at a sentinel gives nothing, so ``on_flush`` is not consulted."""
         if self._replay_to:
             self._replay()
         if self._out or self._ended:

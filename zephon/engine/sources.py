@@ -283,6 +283,13 @@ class SourceStream:
         self._ids = chunk.token_fields.get(INPUT_IDS)
         self._more_tokens = [(k, v) for k, v in chunk.token_fields.items() if k != INPUT_IDS]
         self._payloads = list(chunk.columns.items())
+        if chunk.token_fields and any(name in chunk.token_fields for name in chunk.columns):
+            clash = next(name for name in chunk.columns if name in chunk.token_fields)
+            # one name for two values: a record's field would silently replace its token ids (and mixing by
+            # tokens would count the field)
+            raise SourceError(f"source '{chunk.source_name}' ({chunk.path}): its records have a field '{clash}' "
+                              f"beside the token field '{clash}' that tokenizing made. Do not read that column (or "
+                              f"rename it in an operator before tokenizing), or tokenize with keep_field=False.")
         self._origins = None if chunk.origin is None else \
             [(chunk.file_id, record, start) for record, start in chunk.origin.tolist()]
         self._unit_seq, self._n = chunk.unit_seq, chunk.n

@@ -277,7 +277,14 @@ def check_fields(pipe: Any, plan: WorkPlan, g: _Graph) -> None:
                                     f"'{decl.name}' do not have (they have {', '.join(gives) or 'no field'}{there})."
                                     f"{_close(need, gives + (found[1] if found else []))}{fix}")
             if isinstance(op, Tokenize):
-                fields = (fields if op.keep_field else fields - {op.field}) | {INPUT_IDS}
+                kept = fields if op.keep_field else fields - {op.field}
+                if INPUT_IDS in kept:  # the record's own field would stand beside (and replace) the token ids
+                    raise PipelineError(
+                        f"operator '{op.name}' makes the token ids '{INPUT_IDS}' of source '{decl.name}', whose "
+                        f"records also keep a field '{INPUT_IDS}' ({'keep_field=True' if op.keep_field and op.field == INPUT_IDS else 'read from its files'}). "
+                        f"One name cannot hold both: do not read that column (drop it from the source's "
+                        f"columns=[...]), or, for token ids read with tokens_field, tokenize with keep_field=False.")
+                fields = kept | {INPUT_IDS}
             elif type(op) not in _KEEPS_FIELDS:
                 fields = None
 
