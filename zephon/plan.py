@@ -378,14 +378,6 @@ class WorkPlan:
         """Each source's plan (its sorted files and units), in declaration order."""
         self._checked = False  # check_sources_have_text done
 
-    def units_per_lane(self) -> list[float]:
-        """How many units of each source a lane reads per pass, on average.
-
-        Returns:
-            One number per source, in declaration order: its units divided by the lanes.
-        """
-        return [len(s.units) / self.lanes for s in self.sources]
-
     def check_sources_have_text(self) -> None:
         """:meth:`SourcePlan.check_has_text` for every source, once per plan (loaders may share one)."""
         if not self._checked:
