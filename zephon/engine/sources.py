@@ -323,27 +323,35 @@ class SourceStream:
         self.counters.units += 1
         return self.policy.chunk_done(True)
 
-    def take(self) -> tuple[Doc | None, bool]:
-        """The next document and whether a flush is due after it (document None: due before it, when a
-        unit completed without giving one; or the source has ended, :attr:`ended`)."""
-        chunk = self._chunk
-        if chunk is None and self.ended:  # asked again after its end (a mixer forgets ended sources at a sentinel)
+    def _open_next(self) -> tuple[Chunk | None, bool]:
+        """Open the next chunk that holds a document (none is open): ``(chunk, False)``; ``(None, True)`` when a
+        unit completed without one and made a flush due; ``(None, False)`` once the source has ended (also when
+        asked again after its end: a mixer forgets ended sources at a sentinel)."""
+        if self.ended:
             return None, False
-        while chunk is None:
+        while True:
             try:
                 chunk = next(self.chunks)
             except StopIteration:
                 self.ended = True
                 return None, False
             self.taken += 1
-            if chunk.n == 0:
-                if chunk.unit_end:
-                    self.watch.empty_unit()
-                if self._finish(chunk):
-                    return None, True
-                chunk = None
-                continue
-            self._open(chunk)
+            if chunk.n:
+                self._open(chunk)
+                return chunk, False
+            if chunk.unit_end:
+                self.watch.empty_unit()
+            if self._finish(chunk):
+                return None, True
+
+    def take(self) -> tuple[Doc | None, bool]:
+        """The next document and whether a flush is due after it (document None: due before it, when a
+        unit completed without giving one; or the source has ended, :attr:`ended`)."""
+        chunk = self._chunk
+        if chunk is None:
+            chunk, due = self._open_next()
+            if chunk is None:
+                return None, due
         k = self._k
         self._k = k + 1
         doc = new_doc(Doc)  # fields, tail, source and origin are set below
@@ -369,23 +377,9 @@ class SourceStream:
         lasts, position and counts included; a flush is due after the span only where the chunk ends."""
         chunk = self._chunk
         if chunk is None:
-            if self.ended:
-                return None, False
-            while chunk is None:
-                try:
-                    chunk = next(self.chunks)
-                except StopIteration:
-                    self.ended = True
-                    return None, False
-                self.taken += 1
-                if chunk.n == 0:
-                    if chunk.unit_end:
-                        self.watch.empty_unit()
-                    if self._finish(chunk):
-                        return None, True
-                    chunk = None
-                    continue
-                self._open(chunk)
+            chunk, due = self._open_next()
+            if chunk is None:
+                return None, due
         k = self._k
         stop = min(self._n, k + limit)
         self._k = stop
