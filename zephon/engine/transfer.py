@@ -53,11 +53,19 @@ class Outbox:
         if not os.path.isdir(SHM_DIR):
             return
         remove_abandoned()
+        path, fd = None, -1
         try:
             path = tempfile.mkdtemp(prefix=PREFIX, dir=SHM_DIR)  # mode 0700: nobody else can name a file in it
-            fd = os.open(os.path.join(path, LOCK), os.O_CREAT | os.O_RDWR, 0o600)
+            # Locked under another name, then renamed: the lock file is never seen unlocked under its own, so
+            # another process's remove_abandoned() (a loader starting on another rank) cannot take it for a
+            # dead trainer's between the open and the flock and remove a live outbox.
+            fresh = os.path.join(path, LOCK + ".new")
+            fd = os.open(fresh, os.O_CREAT | os.O_RDWR, 0o600)
             fcntl.flock(fd, fcntl.LOCK_EX)  # held while this process lives (nobody else ever asks for it blocking)
-        except OSError:
+            os.rename(fresh, os.path.join(path, LOCK))
+        except OSError:  # no room, or /dev/shm not ours to write: the pipe
+            if path is not None:
+                _remove_outbox(path, fd)
             return
         self.path = path
         self._finalizer = weakref.finalize(self, _remove_outbox, path, fd)
