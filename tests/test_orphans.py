@@ -29,6 +29,7 @@ from zephon.engine import worker_guard
 from zephon.engine.worker_guard import Trainer
 
 from .conftest import base_recipe_dict
+from .processes import Proc, alive, descendants, proc_stat
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="walks /proc; the pidfd watch is Linux's")
 
@@ -51,41 +52,6 @@ if __name__ == "__main__":
         if time.monotonic() > stop:
             break
 """
-
-Proc = tuple[int, int]  # (pid, start time in clock ticks): one process, never a later one with its pid
-
-
-def _stat(pid: int) -> tuple[str, int, int] | None:
-    """(state, ppid, start time) of ``pid`` from ``/proc/PID/stat``, or None if there is no such process."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_bytes()
-    except (FileNotFoundError, ProcessLookupError):
-        return None
-    fields = stat[stat.rindex(b")") + 2:].split()  # after the command name, which may hold spaces
-    return fields[0].decode(), int(fields[1]), int(fields[19])
-
-
-def descendants(root: int) -> set[Proc]:
-    """Every process below ``root``, by the ppid links of /proc (children, their children, ...)."""
-    children: dict[int, list[Proc]] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit() and (stat := _stat(int(entry))) is not None:
-            children.setdefault(stat[1], []).append((int(entry), stat[2]))
-    found: set[Proc] = set()
-    todo = [root]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            if child not in found:
-                found.add(child)
-                todo.append(child[0])
-    return found
-
-
-def alive(proc: Proc) -> bool:
-    """Whether that very process still runs (a zombie has exited: it only waits to be reaped)."""
-    stat = _stat(proc[0])
-    return stat is not None and stat[2] == proc[1] and stat[0] not in "ZX"
-
 
 def cmdline(pid: int) -> bytes:
     """The command line of ``pid``, its arguments joined by spaces (empty once it is gone)."""
@@ -194,8 +160,8 @@ def test_lane_workers_die_with_their_forkserver(corpus, sp_model, tmp_path):
     recipe = base_recipe_dict(corpus, {"kind": "sentencepiece", "path": str(sp_model)})
     with training(recipe, "process", tmp_path) as (proc, procs):
         procs |= descendants(proc.pid)
-        servers = {p for p in procs if _stat(p[0])[1] == proc.pid and b"forkserver" in cmdline(p[0])}
-        workers = {p for p in procs if any(_stat(p[0])[1] == server[0] for server in servers)}
+        servers = {p for p in procs if proc_stat(p[0])[1] == proc.pid and b"forkserver" in cmdline(p[0])}
+        workers = {p for p in procs if any(proc_stat(p[0])[1] == server[0] for server in servers)}
         assert len(servers) == 1 and len(workers) == 2, describe(procs)
         kill(servers.pop())
         left, took = wait_gone(workers, GRACE_S)

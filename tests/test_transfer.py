@@ -18,6 +18,8 @@ import zephon as z
 from zephon.engine import transfer
 from zephon.engine.transfer import PREFIX, SHM_DIR, Outbox, Shared, receive, remove_abandoned, share
 
+from .processes import descendants
+
 # Without /dev/shm results go through the pipe and there is nothing here to test; under CI=1 (as for the
 # optional dependencies, tests/optional.py) these tests run anyway, and fail, rather than skip unseen.
 pytestmark = pytest.mark.skipif(not os.path.isdir(SHM_DIR) and not os.environ.get("CI"),
@@ -129,24 +131,6 @@ def _outboxes() -> set[str]:
     return set(glob.glob(os.path.join(SHM_DIR, PREFIX + "*")))
 
 
-def _family() -> set[int]:
-    """This process and its descendants (/proc: a loader's worker processes and lane hosts)."""
-    parent_of = {}
-    for stat in glob.glob("/proc/[0-9]*/stat"):
-        try:
-            with open(stat) as f:
-                fields = f.read().rsplit(")", 1)[1].split()  # after "pid (comm)": state, ppid, ...
-        except OSError:
-            continue
-        parent_of[int(stat.split("/")[2])] = int(fields[1])
-    family, grew = {os.getpid()}, True
-    while grew:
-        more = {pid for pid, ppid in parent_of.items() if ppid in family} - family
-        family |= more
-        grew = bool(more)
-    return family
-
-
 def _ours(paths: set[str]) -> set[str]:
     """The outboxes among PATHS whose lock this process or a descendant holds: under ``pytest -n 2`` another
     test process's loaders make outboxes too (held by a process outside this family). Without /proc/locks,
@@ -163,7 +147,7 @@ def _ours(paths: set[str]) -> set[str]:
                     holders[(os.makedev(int(major, 16), int(minor, 16)), int(inode))] = int(fields[4])
             except (IndexError, ValueError):  # a lock without an inode ("<none>"), or a format not known here
                 continue
-    family, out = _family(), set()
+    family, out = {os.getpid()} | {pid for pid, _ in descendants(os.getpid())}, set()
     for path in paths:
         try:
             st = os.stat(os.path.join(path, transfer.LOCK))
