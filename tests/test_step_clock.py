@@ -58,17 +58,21 @@ def make_pipeline(texts, tok, *, lanes, rows, seq_len, shuffle, flush_every, alg
 def recorded_decisions():
     """Every document a mixer takes: (id of its lane's clock, rows the lane had completed, source index)."""
     taken: list[tuple[int, int, int]] = []
-    real = Mixer.push_from
+    real, real_run = Mixer.push_from, Mixer.book_run
 
     def push_from(self, record, source):
         taken.append((id(self.clock), self.clock.rows, source))
         return real(self, record, source)
 
-    Mixer.push_from = push_from
+    def book_run(self, source, documents, tokens):  # the batched text path: a run of documents of one source
+        taken.extend([(id(self.clock), self.clock.rows, source)] * documents)
+        return real_run(self, source, documents, tokens)
+
+    Mixer.push_from, Mixer.book_run = push_from, book_run
     try:
         yield taken
     finally:
-        Mixer.push_from = real
+        Mixer.push_from, Mixer.book_run = real, real_run
 
 
 def run(pipe, steps: int, world: int = 1, call_at: int | None = None, at_step: int = 0, weights=WEB_OFF,

@@ -408,10 +408,11 @@ class Row:
         self.flushed = False  # closed by a flush sentinel (its padding is a sentinel cost)
         self.n_images = self.n_patches = 0  # the images its documents carry (kept by the packer, for its limits)
 
-    def _append(self, ids: np.ndarray, tail: int, payload: dict[str, Any] | None, doc: Any = None, a: int = 0) -> None:
-        """Append ``input_ids`` at ``fill`` (the other per-token fields are already written there), the
-        piece's length, tail label, source and payload (None or empty: none), and its origin (the piece
-        starts at token ``a`` of ``doc``) when the row records provenance."""
+    def put(self, ids: np.ndarray, tail: int, source: int = -1, origin: tuple[int, int, int] | None = None,
+            payload: dict[str, Any] | None = None) -> None:
+        """Append a piece's ``input_ids`` at ``fill`` (its other per-token fields are already written there),
+        with its length, tail label, source, origin (kept when the row records provenance) and payload (None
+        or empty: none). A piece of plain token ids comes straight here (the packer's batched text path)."""
         n = len(ids)
         f = self.fill
         self.tokens[f:f + n] = ids
@@ -419,9 +420,9 @@ class Row:
         self.free -= n
         self.seg_lens.append(n)
         self.tails.append(tail)
-        self.sources.append(getattr(doc, "source", -1))
+        self.sources.append(source)
         if self.origins is not None:
-            self.origins.append(doc_origin(doc, a))
+            self.origins.append(origin)
         if payload:
             if self.payloads is None:
                 self.payloads = [{} for _ in range(len(self.seg_lens) - 1)]
@@ -444,7 +445,8 @@ class Row:
                     buf[f:f + n] = defaults[name]  # type: ignore[index]
         # a text document has input_ids alone: no payload
         payload = {k: v for k, v in doc.items() if k not in fieldset} if len(doc) > 1 else None
-        self._append(doc[INPUT_IDS][a:b], tail, payload, doc, a)
+        self.put(doc[INPUT_IDS][a:b], tail, getattr(doc, "source", -1),
+                 doc_origin(doc, a) if self.origins is not None else None, payload)
 
     def segments(self) -> list[Doc]:
         """The row's pieces as documents (views of its buffers), in row order, with their sources and

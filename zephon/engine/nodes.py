@@ -24,6 +24,7 @@ buffer is ever stored: the replay rebuilds it, as a lane's resume does.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections import deque
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
@@ -36,6 +37,8 @@ from ..errors import StateError
 from .counters import LaneCounters
 from .sentinels import FlushPolicy
 from .sources import SourceStream, position_of, position_state
+
+TEXT_RUN = 16  # documents a packer may take from the mixer in one go (it stops at the first completed row)
 
 SOURCE, SOURCES, SENTINEL, SENTINELS, EMITTED = "source", "sources", "sentinel", "sentinels", "emitted"
 
@@ -179,6 +182,38 @@ class MergeNode(_Replaying, BaseNode):
             self._emitted += 1
         return item
 
+    def feed(self, push_text_run: Callable[..., tuple[int, Iterable[Any]]], limit: int) -> Iterable[Any] | None:
+        """The batched text path: the next run of up to ``limit`` documents the mixer picks from one source
+        (within its open chunk, plain token ids) given to ``push_text_run`` (:meth:`zephon.ops.pack.Packer.push_text_run`),
+        which takes them one by one until one completes a row; only those it took are taken from the source,
+        booked by the mixer and counted as emitted, so the positions, sentinels, state and step clock are those
+        of as many :meth:`next` calls. The merge must have ``take_run``/``book_run`` (the built-in mixer).
+
+        Returns:
+            What ``push_text_run`` released (possibly nothing), or None where the next item must come
+            through :meth:`next` (one is queued, a replay is due, the source has no open chunk of plain ids
+            or has ended, every source has ended).
+        """
+        if self._queue or self._replay_to:
+            return None
+        clock = self.clock
+        if clock is not None:
+            clock.decision_rows = clock.rows
+        s, n = self.merge.take_run(limit)
+        if s < 0:
+            return None
+        stream = self.streams[s]
+        run = stream.text_run(n)
+        if run is None:
+            return None
+        ids, offs, k, stop, tails, origins = run
+        taken, out = push_text_run(ids, offs, k, stop, tails, s, origins)
+        self.merge.book_run(s, taken, offs[k + taken] - offs[k])
+        self._emitted += taken
+        if stream.advance(taken):
+            self._sentinel()
+        return out
+
     def next_block(self, limit: int) -> Any:
         """The batched record-rows path: the next up to ``limit`` records as one
         :class:`~zephon.ops.batch.RecordSpan` (a run of picks of one source, within one chunk), or the next
@@ -258,6 +293,10 @@ class AccumulatorNode(_Replaying, BaseNode):
         self._ended = False
         self._emitted, self._replay_to = 0, emitted
         self._pull = self.upstream.next  # reset just now: BaseNode.__next__'s start-up check, once per record, is moot
+        # the batched text path: a packer straight after the built-in mixer takes runs of documents from it
+        push_text_run = getattr(self.acc, "push_text_run", None)
+        self._feed = functools.partial(self.upstream.feed, push_text_run, TEXT_RUN) if push_text_run is not None \
+            and isinstance(self.upstream, MergeNode) and hasattr(self.upstream.merge, "book_run") else None
 
     def prime(self, limit: int | None = None) -> None:
         self.upstream.prime(limit)
@@ -280,10 +319,16 @@ class AccumulatorNode(_Replaying, BaseNode):
 
     def _next_item(self) -> Any:
         out = self._out
-        pull, push = self._pull, self.acc.push
+        pull, push, feed = self._pull, self.acc.push, self._feed
         while not out:
             if self._ended:
                 raise StopIteration
+            if feed is not None:
+                items = feed()
+                if items is not None:
+                    if items:
+                        out.extend(items)
+                    continue
             try:
                 item = pull()
             except StopIteration:  # a finite stream: emit what is held, then end

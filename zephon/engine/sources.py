@@ -371,6 +371,26 @@ class SourceStream:
         self.position = (self._unit_seq, self._cursors[k], self._skips[k])
         return doc, False
 
+    def text_run(self, limit: int) -> tuple[np.ndarray, list[int], int, int, list[int] | None, list | None] | None:
+        """Up to ``limit`` next documents of the open chunk as plain token ids, for the batched text path
+        (:meth:`~zephon.engine.nodes.MergeNode.feed`): ``(ids, offsets, first, stop, tails, origins)``, documents
+        ``first`` to ``stop - 1``; nothing is taken until :meth:`advance`. None when no chunk is open (:meth:`take`
+        opens the next) or its documents carry more than token ids (they go through :meth:`take`)."""
+        if self._chunk is None or self._offs is None or self._payloads or self._more_tokens:
+            return None
+        k = self._k
+        return self._ids, self._offs, k, min(self._n, k + limit), self._tails, self._origins
+
+    def advance(self, n: int) -> bool:
+        """``n`` documents of the open chunk were taken through :meth:`text_run`: the position and counts as
+        after ``n`` calls of :meth:`take`; True when a flush is due after the last of them."""
+        k = self._k + n
+        self._k = k
+        if k == self._n:
+            return self._finish(self._chunk)
+        self.position = (self._unit_seq, self._cursors[k - 1], self._skips[k - 1])
+        return False
+
     def take_span(self, limit: int) -> tuple[RecordSpan | None, bool]:
         """Up to ``limit`` next documents of the open chunk as one :class:`~zephon.ops.batch.RecordSpan`
         (the batched record-rows path): what ``limit`` calls of :meth:`take` would give while the chunk

@@ -204,6 +204,11 @@ class Mixer(Merge):
         :meth:`push_from` does for each."""
         self._taken[source] += span.tokens() if self.by_tokens else len(span)
 
+    def book_run(self, source: int, documents: int, tokens: int) -> None:
+        """Book ``documents`` records of ``source`` holding ``tokens`` tokens as taken (the batched text path),
+        as :meth:`push_from` does for each."""
+        self._taken[source] += tokens if self.by_tokens else documents
+
     def push_from(self, record: Mapping[str, Any], source: int) -> Iterable[Any]:
         self._taken[source] += len(record[INPUT_IDS]) if self.by_tokens else 1
         return (record,)

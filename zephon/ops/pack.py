@@ -74,7 +74,7 @@ from typing import Any, Iterable, Mapping
 import numpy as np
 
 from ..errors import PipelineError, StateError
-from ..records import IGNORE, INPUT_IDS, Flush, Row, doc_tail
+from ..records import IGNORE, INPUT_IDS, Doc, Flush, Row, doc_tail
 from ..specs import PACK_ALGORITHMS
 from .base import Accumulator, BindContext, LaneContext, LaneOperator, choice, positive_int
 from .image_layout import (BIG, IMAGE_SPANS, NO_LIMITS, ImageLimits, ImageTooLarge, cut_points, patch_counts, piece,
@@ -150,7 +150,7 @@ class Packer(Accumulator):
         assert self._names[0] == INPUT_IDS
         self._defaults = {k: d for k, (_, d) in self.fields.items()}
         self._fieldset = frozenset(self.fields)
-        self._place = {"best_fit": self._best_fit, "first_fit": self._first_fit, "wrap": self._wrap}[algorithm]
+        self._place = self._wrap if algorithm == "wrap" else self._fit  # _bin_for tells best from first fit
         self._bins: list[Row] = []  # in opening order
         self._out: deque = deque()
         self._skip = ctx.carry
@@ -192,31 +192,28 @@ class Packer(Accumulator):
             self._emit(self._bins.pop(j))
 
     # -- algorithms: place tokens [a, b) of a document whose last label is ``tail`` -----------------
-    def _best_fit(self, doc: Mapping[str, Any], a: int, b: int, tail: int) -> None:
-        n, best, best_free = b - a, -1, self.seq_len + 1
-        for j, row in enumerate(self._bins):
-            free = row.free
-            if n <= free < best_free:
-                best, best_free = j, free
-                if free == n:  # an exact fit: no bin is tighter, and later ties lose to this one
-                    break
-        if best >= 0:  # straight to _put: this runs once per document
-            self._put(best, doc, a, b, tail)
+    def _fit(self, doc: Mapping[str, Any], a: int, b: int, tail: int) -> None:
+        self._put(self._bin_for(b - a), doc, a, b, tail)
+
+    def _bin_for(self, n: int) -> int:
+        """The open bin that takes ``n`` tokens (best fit: the tightest; first fit: the oldest), or a new one
+        when none has room (the fullest bin emitted first if ``max_open_bins`` are open)."""
+        best, best_free = -1, self.seq_len + 1
+        if self.algorithm == "best_fit":
+            for j, row in enumerate(self._bins):
+                free = row.free
+                if n <= free < best_free:
+                    best, best_free = j, free
+                    if free == n:  # an exact fit: no bin is tighter, and later ties lose to this one
+                        break
         else:
-            self._place_or_open(best, doc, a, b, tail)
-
-    def _first_fit(self, doc: Mapping[str, Any], a: int, b: int, tail: int) -> None:
-        n = b - a
-        first = next((j for j, row in enumerate(self._bins) if row.free >= n), -1)
-        self._place_or_open(first, doc, a, b, tail)
-
-    def _place_or_open(self, j: int, doc: Mapping[str, Any], a: int, b: int, tail: int) -> None:
-        if j < 0:
+            best = next((j for j, row in enumerate(self._bins) if row.free >= n), -1)
+        if best < 0:
             if len(self._bins) >= self.max_open:
                 self._evict_fullest()
             self._new_bin()
-            j = len(self._bins) - 1
-        self._put(j, doc, a, b, tail)
+            best = len(self._bins) - 1
+        return best
 
     def _wrap(self, doc: Mapping[str, Any], a: int, n: int, tail: int) -> None:
         tokens = doc[INPUT_IDS]
@@ -400,6 +397,53 @@ class Packer(Accumulator):
             return ()
         self._out = deque()
         return out
+
+    def push_text_run(self, ids: np.ndarray, offs: list[int], k: int, stop: int, tails: list[int] | None,
+                      source: int, origins: list | None) -> tuple[int, Iterable[Any]]:
+        """The lane's batched text path (:meth:`zephon.engine.nodes.MergeNode.feed`): documents ``k`` to
+        ``stop - 1`` of a chunk of plain token ids (``ids[offs[j]:offs[j + 1]]``, with their ``tails``,
+        ``source`` and ``origins``) pushed one by one as :meth:`push` would, without a document object each,
+        stopping after the first one that completes a row: the lane's step clock advances there, and the
+        documents after it belong to the next decision.
+
+        Returns:
+            ``(documents pushed, the rows and sentinels they released)``.
+        """
+        plain = len(self._names) == 1  # no other per-token field to fill with its default
+        for j in range(k, stop):
+            a, b = offs[j], offs[j + 1]
+            tail = IGNORE if tails is None else tails[j]
+            origin = None if origins is None else origins[j]
+            if plain and not self._skip and self._held is None and self._replay_release < 0:
+                self._place_text(ids[a:b], tail, source, origin)
+                out = self._out
+                if out:
+                    self._out = deque()
+            else:  # a resumed packer's skip or replay, a held row's top-up: the whole logic of push()
+                out = self.push(Doc({INPUT_IDS: ids[a:b]}, tail, source, origin))
+            if out:
+                return j + 1 - k, out
+        return stop - k, ()
+
+    def _place_text(self, ids: np.ndarray, tail: int, source: int, origin: tuple[int, int, int] | None) -> None:
+        """:meth:`_place` for plain token ids (:meth:`push_text_run`): the same bins, rows and pieces."""
+        bins = self._bins
+        if self.algorithm != "wrap":
+            j = self._bin_for(len(ids))
+            row = bins[j]
+            row.put(ids, tail, source, origin)
+            if not row.free:
+                self._emit(bins.pop(j))
+            return
+        a, n = 0, len(ids)
+        while a < n:  # as _wrap
+            row = bins[0] if bins else self._new_bin()
+            b = min(n, a + row.free)
+            row.put(ids[a:b], int(ids[b]) if b < n else tail, source,
+                    origin if origin is None or not a else (origin[0], origin[1], origin[2] + a))
+            if not row.free:
+                self._emit(bins.pop(0))
+            a = b
 
     def _replay_at_sentinel(self) -> None:
         """The segment after the lane's last sentinel ends (a sentinel, or the end of finite data): a row the

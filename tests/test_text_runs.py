@@ -1,0 +1,143 @@
+"""The batched text path (MergeNode.feed, SourceStream.text_run/advance, Mixer.book_run,
+Packer.push_text_run): where the packer follows the mixer directly, a lane hands it runs of one source's
+documents as slices of the chunk's token ids, with no document object each, and the packer stops a run
+at the first row it completes (the step clock moves there). It must deliver the per-document path's batches
+byte for byte. The reference is the same pipeline with an identity accumulator between ``mix()`` and
+``pack()``, which keeps every document on the per-document path; compared by SHA-256 of every global batch
+over the packing algorithms, mixtures by tokens and by documents, mixture schedules and interventions,
+short flush cadences (held rows topped up after a sentinel), split documents, provenance, world sizes 1/2/4,
+the thread runner with workers, and resumes on another world size.
+"""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import zephon as z
+from zephon import global_digest, merge_states
+from zephon.ops.pack import Packer
+from zephon.verify import global_hashes
+
+from .test_step_clock import corpus_records
+
+
+class Identity:
+    """Passes every document on as it is: keeps a pipeline on the per-document path."""
+
+    def push(self, record):
+        return (record,)
+
+    def flush(self):
+        return ()
+
+
+@pytest.fixture(scope="module")
+def tok(sp_model):
+    return z.tokenizer(str(sp_model))
+
+
+def text_pipeline(texts, tok, *, lanes=4, rows=2, seq_len=40, flush_every=2, algorithm="best_fit", by="documents",
+                  split=None, schedule=None, provenance=False, start=0, per_document=False) -> z.Pipeline:
+    pipe = (z.Pipeline(seed=5, lanes=lanes, flush_every=flush_every)
+            .source("web", z.read.records(corpus_records(texts, start, 70, 3), chunk_rows=5), weight=0.6)
+            .source("code", z.read.records(corpus_records(texts, start + 700, 70, 2), chunk_rows=7), weight=0.4)
+            .tokenize(tok))
+    if split:
+        pipe = pipe.split(max_tokens=split)
+    pipe = pipe.mix(by=by, schedule=schedule)
+    if per_document:
+        pipe = pipe.accumulate(Identity, version="1")
+    pipe = pipe.pack(seq_len=seq_len, algorithm=algorithm, max_open_bins=3)
+    return pipe.batch(rows_per_lane=rows, provenance=provenance)
+
+
+def documents_in_runs(monkeypatch) -> list[int]:
+    """Record how many documents each call of the batched text path took."""
+    runs: list[int] = []
+    real = Packer.push_text_run
+
+    def push_text_run(self, *args):
+        taken, out = real(self, *args)
+        runs.append(taken)
+        return taken, out
+
+    monkeypatch.setattr(Packer, "push_text_run", push_text_run)
+    return runs
+
+
+def test_the_batched_text_path_is_taken_only_where_the_packer_follows_the_mixer(corpus_texts, tok, monkeypatch):
+    runs = documents_in_runs(monkeypatch)
+    global_hashes(text_pipeline(corpus_texts, tok), 1, 6)
+    assert sum(runs) > 50 and max(runs) > 1  # runs of several documents, picked by the mixer's counts
+    runs.clear()
+    global_hashes(text_pipeline(corpus_texts, tok, per_document=True), 1, 6)
+    assert runs == []
+
+
+configs = st.fixed_dictionaries({
+    "lanes": st.sampled_from([2, 4]), "rows": st.integers(1, 3), "seq_len": st.sampled_from([16, 40, 96]),
+    "flush_every": st.integers(1, 4), "algorithm": st.sampled_from(["best_fit", "first_fit", "wrap"]),
+    "by": st.sampled_from(["tokens", "documents"]), "split": st.sampled_from([None, 12]),
+    "provenance": st.booleans(), "start": st.integers(0, 2000)})
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(config=configs, world=st.sampled_from([1, 2]))
+def test_runs_deliver_the_per_document_batches(corpus_texts, tok, config, world):
+    want = global_hashes(text_pipeline(corpus_texts, tok, per_document=True, **config), 1, 8)
+    assert global_hashes(text_pipeline(corpus_texts, tok, **config), world, 8) == want
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(config=configs, resume_at=st.integers(1, 7), worlds=st.sampled_from([(1, 2), (2, 1), (2, 2)]))
+def test_a_resume_on_another_world_size_replays_the_runs(corpus_texts, tok, config, resume_at, worlds):
+    """A resume replays from the lane's last sentinel: a held row's carry, and the release at which the
+    original completed it, must come out the same through runs."""
+    want = global_hashes(text_pipeline(corpus_texts, tok, per_document=True, **config), 1, 9)
+    got = global_hashes(text_pipeline(corpus_texts, tok, **config), worlds[0], 9, resume_at=resume_at,
+                        resume_world_size=worlds[1])
+    assert got == want
+
+
+def _run(pipe, steps: int, world: int, call_at: int, at_step: int, resume_at: int | None = None) -> list[str]:
+    loaders = [pipe.build(rank=r, world_size=world) for r in range(world)]
+    hashes = []
+    try:
+        for step in range(steps):
+            if step == call_at:
+                for ld in loaders:
+                    ld.set_mixture({"web": 0.1, "code": 0.9}, at_step=at_step)
+            if step == resume_at:
+                state = merge_states([ld.state_dict() for ld in loaders])
+                for ld in loaders:
+                    ld.close()
+                loaders = [pipe.build(rank=r, world_size=4 // world) for r in range(4 // world)]
+                for ld in loaders:
+                    ld.load_state_dict(state)
+            hashes.append(global_digest([next(ld) for ld in loaders]))
+    finally:
+        for ld in loaders:
+            ld.close()
+    return hashes
+
+
+@pytest.mark.parametrize("algorithm,by", [("best_fit", "documents"), ("wrap", "tokens"), ("first_fit", "documents")])
+def test_schedules_and_interventions_decide_at_the_same_steps(corpus_texts, tok, algorithm, by):
+    """A run stops at the first completed row, so every decision in it is for the same step as on the
+    per-document path: a linear schedule (new weights every step) and an intervention at step 5 give the
+    same bytes, resumed on another world size too."""
+    ramp = z.Schedule([(0, {"web": 0.9, "code": 0.1}), (10, {"web": 0.1, "code": 0.9})], interpolate="linear")
+    config = dict(lanes=4, rows=2, seq_len=64, flush_every=3, algorithm=algorithm, by=by, schedule=ramp)
+    per_document = text_pipeline(corpus_texts, tok, per_document=True, **config)
+    batched = text_pipeline(corpus_texts, tok, **config)
+    want = _run(per_document, 10, 1, call_at=2, at_step=5)
+    assert _run(batched, 10, 2, call_at=2, at_step=5) == want
+    assert _run(batched, 10, 2, call_at=2, at_step=5, resume_at=4) == want
+
+
+def test_the_thread_runner_with_workers_gives_the_same_batches(corpus_texts, tok):
+    config = dict(lanes=4, rows=2, seq_len=40, flush_every=1, algorithm="best_fit", by="documents", split=12)
+    want = global_hashes(text_pipeline(corpus_texts, tok, per_document=True, **config), 1, 8)
+    assert global_hashes(text_pipeline(corpus_texts, tok, **config), 4, 8, num_workers=2) == want
