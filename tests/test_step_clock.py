@@ -64,8 +64,9 @@ def recorded_decisions():
         taken.append((id(self.clock), self.clock.rows, source))
         return real(self, record, source)
 
-    def book_run(self, source, documents, tokens):  # the batched text path: a run of documents of one source
-        taken.extend([(id(self.clock), self.clock.rows, source)] * documents)
+    def book_run(self, source, documents, tokens):  # the batched text path: booked after the packer took the run,
+        # which may have moved the clock; the run was decided at the rows the merge recorded before picking it
+        taken.extend([(id(self.clock), self.clock.decision_rows, source)] * documents)
         return real_run(self, source, documents, tokens)
 
     Mixer.push_from, Mixer.book_run = push_from, book_run

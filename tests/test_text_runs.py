@@ -11,6 +11,8 @@ the thread runner with workers, and resumes on another world size.
 
 from __future__ import annotations
 
+import random
+
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -94,9 +96,11 @@ def test_runs_deliver_the_per_document_batches(corpus_texts, tok, config, world)
 @given(config=configs, resume_at=st.integers(1, 7), worlds=st.sampled_from([(1, 2), (2, 1), (2, 2)]))
 def test_a_resume_on_another_world_size_replays_the_runs(corpus_texts, tok, config, resume_at, worlds):
     """A resume replays from the lane's last sentinel: a held row's carry, and the release at which the
-    original completed it, must come out the same through runs."""
-    want = global_hashes(text_pipeline(corpus_texts, tok, per_document=True, **config), 1, 9)
-    got = global_hashes(text_pipeline(corpus_texts, tok, **config), worlds[0], 9, resume_at=resume_at,
+    original completed it, must come out the same through runs; a schedule that changes the weights at every
+    step makes any decision replayed at another step change the bytes."""
+    ramp = z.Schedule([(0, {"web": 0.9, "code": 0.1}), (9, {"web": 0.1, "code": 0.9})], interpolate="linear")
+    want = global_hashes(text_pipeline(corpus_texts, tok, per_document=True, schedule=ramp, **config), 1, 9)
+    got = global_hashes(text_pipeline(corpus_texts, tok, schedule=ramp, **config), worlds[0], 9, resume_at=resume_at,
                         resume_world_size=worlds[1])
     assert got == want
 
@@ -141,3 +145,36 @@ def test_the_thread_runner_with_workers_gives_the_same_batches(corpus_texts, tok
     config = dict(lanes=4, rows=2, seq_len=40, flush_every=1, algorithm="best_fit", by="documents", split=12)
     want = global_hashes(text_pipeline(corpus_texts, tok, per_document=True, **config), 1, 8)
     assert global_hashes(text_pipeline(corpus_texts, tok, **config), 4, 8, num_workers=2) == want
+
+
+def token_records(seed: int, n: int) -> list[dict]:
+    rng = random.Random(seed)
+    return [{"input_ids": [rng.randrange(5, 500) for _ in range(rng.randrange(1, 30))]} for _ in range(n)]
+
+
+def replay_pipeline(tok, seed: int, algorithm: str, per_document: bool = False) -> z.Pipeline:
+    """One lane, one row per step, a sentinel after every chunk of five documents and a schedule that changes
+    the weights at every step: a row the packer held over a sentinel and completes on the replay at document
+    ``release`` moves the clock with no output, and the next pick already sees the next step's weights."""
+    ramp = z.Schedule([(0, {"web": 0.9, "code": 0.1}), (12, {"web": 0.1, "code": 0.9})], interpolate="linear")
+    pipe = (z.Pipeline(seed=5, lanes=1, flush_every=1)
+            .source("web", z.read.records(token_records(seed, 300), tokens_field="input_ids", chunk_rows=5), weight=0.6)
+            .source("code", z.read.records(token_records(seed + 1, 300), tokens_field="input_ids", chunk_rows=5),
+                    weight=0.4)
+            .tokenize(tok, field="input_ids")
+            .mix(by="documents", schedule=ramp))
+    if per_document:
+        pipe = pipe.accumulate(Identity, version="1")
+    return pipe.pack(seq_len=48, algorithm=algorithm, max_open_bins=3).batch(rows_per_lane=1)
+
+
+@pytest.mark.parametrize("algorithm", ["best_fit", "wrap"])
+def test_a_run_ends_where_a_replay_completes_the_held_row(tok, algorithm):
+    """Resumed at every step, the batched path replays each decision at its step (review finding: a run went
+    on past the document that completed the held row on the replay, picked at the clock before it)."""
+    steps = 24
+    want = global_hashes(replay_pipeline(tok, 0, algorithm, per_document=True), 1, steps)
+    pipe = replay_pipeline(tok, 0, algorithm)
+    assert global_hashes(pipe, 1, steps) == want
+    diverged = [r for r in range(1, steps) if global_hashes(pipe, 1, steps, resume_at=r) != want]
+    assert diverged == []

@@ -403,8 +403,9 @@ class Packer(Accumulator):
         """The lane's batched text path (:meth:`zephon.engine.nodes.MergeNode.feed`): documents ``k`` to
         ``stop - 1`` of a chunk of plain token ids (``ids[offs[j]:offs[j + 1]]``, with their ``tails``,
         ``source`` and ``origins``) pushed one by one as :meth:`push` would, without a document object each,
-        stopping after the first one that completes a row: the lane's step clock advances there, and the
-        documents after it belong to the next decision.
+        stopping after the first one that completes a row (the lane's step clock advances there, and the
+        documents after it belong to the next decision) or that needs :meth:`push`'s whole logic (a skip or
+        replay after a resume, a held row's top-up: a replay can complete a row for the clock without output).
 
         Returns:
             ``(documents pushed, the rows and sentinels they released)``.
@@ -419,8 +420,9 @@ class Packer(Accumulator):
                 out = self._out
                 if out:
                     self._out = deque()
-            else:  # a resumed packer's skip or replay, a held row's top-up: the whole logic of push()
-                out = self.push(Doc({INPUT_IDS: ids[a:b]}, tail, source, origin))
+            else:  # a resumed packer's skip or replay, a held row's top-up: the whole logic of push(), and the run
+                # ends here: a replay may complete the held row for the step clock without any output
+                return j + 1 - k, self.push(Doc({INPUT_IDS: ids[a:b]}, tail, source, origin))
             if out:
                 return j + 1 - k, out
         return stop - k, ()
