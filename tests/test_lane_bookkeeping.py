@@ -37,12 +37,12 @@ def test_decided_step_and_counters_equal_the_per_document_computation(make_recip
 
     real_run = Packer.push_text_run
 
-    def push_text_run(self, ids, offs, k, stop, tails, source, origins):  # the batched text path
-        taken, out = real_run(self, ids, offs, k, stop, tails, source, origins)
+    def push_text_run(self, run):  # the batched text path
+        taken, out = real_run(self, run)
         c = eager_counts.setdefault(id(self._clock), {"docs": 0, "pieces": 0, "tokens": 0})
-        for j in range(k, k + taken):
-            c["docs" if tails is None or tails[j] == IGNORE else "pieces"] += 1
-        c["tokens"] += offs[k + taken] - offs[k]
+        for j in range(run.first, run.first + taken):
+            c["docs" if run.tails is None or run.tails[j] == IGNORE else "pieces"] += 1
+        c["tokens"] += run.offsets[run.first + taken] - run.offsets[run.first]
         runs.append(taken)
         return taken, out
 

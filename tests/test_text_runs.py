@@ -60,8 +60,8 @@ def documents_in_runs(monkeypatch) -> list[int]:
     runs: list[int] = []
     real = Packer.push_text_run
 
-    def push_text_run(self, *args):
-        taken, out = real(self, *args)
+    def push_text_run(self, run):
+        taken, out = real(self, run)
         runs.append(taken)
         return taken, out
 

@@ -31,7 +31,7 @@ from byte 0 and skip one output), ``[2]`` (resume ``(29, 0)``) and ``[8, 2]``.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any, Iterator, Mapping, NamedTuple, Sequence
 
 import numpy as np
 
@@ -385,6 +385,21 @@ class Flush:
     (0), or no row was held (-1)."""
     taken: tuple[int, ...] = field(default=(), compare=False)
     """The chunks each source had given the lane: a replay hint (speed only)."""
+
+
+class TextRun(NamedTuple):
+    """Documents ``first`` to ``stop - 1`` of a source's open chunk of plain token ids (no other field): the
+    lane's batched text path (:meth:`zephon.engine.nodes.MergeNode.feed`, :meth:`zephon.ops.pack.Packer.push_text_run`).
+    Document ``j`` is ``ids[offsets[j]:offsets[j + 1]]``, with its last label ``tails[j]`` (None: all ``IGNORE``)
+    and its origin ``origins[j]`` (None: provenance off)."""
+
+    ids: np.ndarray
+    offsets: list[int]
+    first: int
+    stop: int
+    tails: list[int] | None
+    origins: list[tuple[int, int, int]] | None
+    source: int
 
 
 class Row:

@@ -32,7 +32,7 @@ from torchdata.nodes import BaseNode
 
 from ..ops.base import LaneContext, call_factory
 from ..ops.batch import RecordSpan
-from ..records import Flush
+from ..records import Flush, TextRun
 from ..errors import StateError
 from .counters import LaneCounters
 from .sentinels import FlushPolicy
@@ -182,7 +182,7 @@ class MergeNode(_Replaying, BaseNode):
             self._emitted += 1
         return item
 
-    def feed(self, push_text_run: Callable[..., tuple[int, Iterable[Any]]], limit: int) -> Iterable[Any] | None:
+    def feed(self, push_text_run: Callable[[TextRun], tuple[int, Iterable[Any]]], limit: int) -> Iterable[Any] | None:
         """The batched text path: the next run of up to ``limit`` documents the mixer picks from one source
         (within its open chunk, plain token ids) given to ``push_text_run`` (:meth:`zephon.ops.pack.Packer.push_text_run`),
         which takes them one by one until one completes a row; only those it took are taken from the source,
@@ -206,9 +206,8 @@ class MergeNode(_Replaying, BaseNode):
         run = stream.text_run(n)
         if run is None:
             return None
-        ids, offs, k, stop, tails, origins = run
-        taken, out = push_text_run(ids, offs, k, stop, tails, s, origins)
-        self.merge.book_run(s, taken, offs[k + taken] - offs[k])
+        taken, out = push_text_run(run)
+        self.merge.book_run(s, taken, run.offsets[run.first + taken] - run.offsets[run.first])
         self._emitted += taken
         if stream.advance(taken):
             self._sentinel()

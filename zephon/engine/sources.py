@@ -25,7 +25,7 @@ from torchdata.nodes import BaseNode
 from ..plan import ChunkTask, SourcePlan
 from ..errors import SourceError
 from ..ops.batch import RecordSpan
-from ..records import IGNORE, INPUT_IDS, Chunk, Doc
+from ..records import IGNORE, INPUT_IDS, Chunk, Doc, TextRun
 from ..errors import StateError
 from .counters import LaneCounters
 from .executors import Executor
@@ -371,15 +371,15 @@ class SourceStream:
         self.position = (self._unit_seq, self._cursors[k], self._skips[k])
         return doc, False
 
-    def text_run(self, limit: int) -> tuple[np.ndarray, list[int], int, int, list[int] | None, list | None] | None:
+    def text_run(self, limit: int) -> TextRun | None:
         """Up to ``limit`` next documents of the open chunk as plain token ids, for the batched text path
-        (:meth:`~zephon.engine.nodes.MergeNode.feed`): ``(ids, offsets, first, stop, tails, origins)``, documents
-        ``first`` to ``stop - 1``; nothing is taken until :meth:`advance`. None when no chunk is open (:meth:`take`
-        opens the next) or its documents carry more than token ids (they go through :meth:`take`)."""
+        (:meth:`~zephon.engine.nodes.MergeNode.feed`); nothing is taken until :meth:`advance`. None when no chunk
+        is open (:meth:`take` opens the next) or its documents carry more than token ids (they go through
+        :meth:`take`)."""
         if self._chunk is None or self._offs is None or self._payloads or self._more_tokens:
             return None
         k = self._k
-        return self._ids, self._offs, k, min(self._n, k + limit), self._tails, self._origins
+        return TextRun(self._ids, self._offs, k, min(self._n, k + limit), self._tails, self._origins, self.index)
 
     def advance(self, n: int) -> bool:
         """``n`` documents of the open chunk were taken through :meth:`text_run`: the position and counts as

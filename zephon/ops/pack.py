@@ -74,7 +74,7 @@ from typing import Any, Iterable, Mapping
 import numpy as np
 
 from ..errors import PipelineError, StateError
-from ..records import IGNORE, INPUT_IDS, Doc, Flush, Row, doc_tail
+from ..records import IGNORE, INPUT_IDS, Doc, Flush, Row, TextRun, doc_tail
 from ..specs import PACK_ALGORITHMS
 from .base import Accumulator, BindContext, LaneContext, LaneOperator, choice, positive_int
 from .image_layout import (BIG, IMAGE_SPANS, NO_LIMITS, ImageLimits, ImageTooLarge, cut_points, patch_counts, piece,
@@ -398,18 +398,20 @@ class Packer(Accumulator):
         self._out = deque()
         return out
 
-    def push_text_run(self, ids: np.ndarray, offs: list[int], k: int, stop: int, tails: list[int] | None,
-                      source: int, origins: list | None) -> tuple[int, Iterable[Any]]:
-        """The lane's batched text path (:meth:`zephon.engine.nodes.MergeNode.feed`): documents ``k`` to
-        ``stop - 1`` of a chunk of plain token ids (``ids[offs[j]:offs[j + 1]]``, with their ``tails``,
-        ``source`` and ``origins``) pushed one by one as :meth:`push` would, without a document object each,
-        stopping after the first one that completes a row (the lane's step clock advances there, and the
-        documents after it belong to the next decision) or that needs :meth:`push`'s whole logic (a skip or
-        replay after a resume, a held row's top-up: a replay can complete a row for the clock without output).
+    def push_text_run(self, run: TextRun) -> tuple[int, Iterable[Any]]:
+        """The lane's batched text path (:meth:`zephon.engine.nodes.MergeNode.feed`): the run's documents
+        pushed one by one as :meth:`push` would, without a document object each, stopping after the first one
+        that completes a row (the lane's step clock advances there, and the documents after it belong to the
+        next decision) or that needs :meth:`push`'s whole logic (a skip or replay after a resume, a held row's
+        top-up: a replay can complete a row for the clock without output).
+
+        Args:
+            run: documents of one source's chunk of plain token ids.
 
         Returns:
             ``(documents pushed, the rows and sentinels they released)``.
         """
+        ids, offs, k, stop, tails, origins, source = run
         plain = len(self._names) == 1  # no other per-token field to fill with its default
         for j in range(k, stop):
             a, b = offs[j], offs[j + 1]
