@@ -41,7 +41,10 @@ def corpus_records(texts: list[str], start: int, n: int, nulls: int) -> list[dic
     return [{"text": t} for t in picked]
 
 
-def make_pipeline(texts, tok, *, lanes, rows, seq_len, shuffle, flush_every, algorithm, by, split, start, schedule=None):
+def make_pipeline(texts, tok, *, lanes, rows, seq_len, shuffle, flush_every, algorithm, by, split, start, schedule=None,
+                  per_document=None, provenance=False):
+    """Two sources of real text, mixed and packed. ``per_document``: an accumulator class placed before
+    ``pack()`` (tests/test_text_runs.py keeps the per-document path with an identity one)."""
     pipe = (z.Pipeline(seed=11, lanes=lanes, flush_every=flush_every)
             .source("web", z.read.records(corpus_records(texts, start, 60, 3), chunk_rows=3), weight=0.6)
             .source("code", z.read.records(corpus_records(texts, start + 500, 60, 2), chunk_rows=4), weight=0.4)
@@ -51,7 +54,10 @@ def make_pipeline(texts, tok, *, lanes, rows, seq_len, shuffle, flush_every, alg
     pipe = pipe.mix(by=by, schedule=schedule)
     if shuffle:
         pipe = pipe.shuffle(buffer=shuffle)
-    return pipe.pack(seq_len=seq_len, algorithm=algorithm, max_open_bins=3).batch(rows_per_lane=rows)
+    if per_document is not None:
+        pipe = pipe.accumulate(per_document, version="1")
+    return pipe.pack(seq_len=seq_len, algorithm=algorithm, max_open_bins=3).batch(rows_per_lane=rows,
+                                                                                  provenance=provenance)
 
 
 @contextlib.contextmanager

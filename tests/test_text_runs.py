@@ -18,11 +18,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import zephon as z
-from zephon import global_digest, merge_states
 from zephon.ops.pack import Packer
 from zephon.verify import global_hashes
 
-from .test_step_clock import corpus_records
+from .test_step_clock import make_pipeline, run
 
 
 class Identity:
@@ -42,17 +41,11 @@ def tok(sp_model):
 
 def text_pipeline(texts, tok, *, lanes=4, rows=2, seq_len=40, flush_every=2, algorithm="best_fit", by="documents",
                   split=None, schedule=None, provenance=False, start=0, per_document=False) -> z.Pipeline:
-    pipe = (z.Pipeline(seed=5, lanes=lanes, flush_every=flush_every)
-            .source("web", z.read.records(corpus_records(texts, start, 70, 3), chunk_rows=5), weight=0.6)
-            .source("code", z.read.records(corpus_records(texts, start + 700, 70, 2), chunk_rows=7), weight=0.4)
-            .tokenize(tok))
-    if split:
-        pipe = pipe.split(max_tokens=split)
-    pipe = pipe.mix(by=by, schedule=schedule)
-    if per_document:
-        pipe = pipe.accumulate(Identity, version="1")
-    pipe = pipe.pack(seq_len=seq_len, algorithm=algorithm, max_open_bins=3)
-    return pipe.batch(rows_per_lane=rows, provenance=provenance)
+    """tests/test_step_clock.py's two sources of real text, without a shuffle buffer (the packer follows the
+    mixer); ``per_document``: with the identity accumulator before ``pack()``."""
+    return make_pipeline(texts, tok, lanes=lanes, rows=rows, seq_len=seq_len, shuffle=0, flush_every=flush_every,
+                         algorithm=algorithm, by=by, split=split, start=start, schedule=schedule,
+                         per_document=Identity if per_document else None, provenance=provenance)
 
 
 def documents_in_runs(monkeypatch) -> list[int]:
@@ -105,28 +98,6 @@ def test_a_resume_on_another_world_size_replays_the_runs(corpus_texts, tok, conf
     assert got == want
 
 
-def _run(pipe, steps: int, world: int, call_at: int, at_step: int, resume_at: int | None = None) -> list[str]:
-    loaders = [pipe.build(rank=r, world_size=world) for r in range(world)]
-    hashes = []
-    try:
-        for step in range(steps):
-            if step == call_at:
-                for ld in loaders:
-                    ld.set_mixture({"web": 0.1, "code": 0.9}, at_step=at_step)
-            if step == resume_at:
-                state = merge_states([ld.state_dict() for ld in loaders])
-                for ld in loaders:
-                    ld.close()
-                loaders = [pipe.build(rank=r, world_size=4 // world) for r in range(4 // world)]
-                for ld in loaders:
-                    ld.load_state_dict(state)
-            hashes.append(global_digest([next(ld) for ld in loaders]))
-    finally:
-        for ld in loaders:
-            ld.close()
-    return hashes
-
-
 @pytest.mark.parametrize("algorithm,by", [("best_fit", "documents"), ("wrap", "tokens"), ("first_fit", "documents")])
 def test_schedules_and_interventions_decide_at_the_same_steps(corpus_texts, tok, algorithm, by):
     """A run stops at the first completed row, so every decision in it is for the same step as on the
@@ -136,9 +107,10 @@ def test_schedules_and_interventions_decide_at_the_same_steps(corpus_texts, tok,
     config = dict(lanes=4, rows=2, seq_len=64, flush_every=3, algorithm=algorithm, by=by, schedule=ramp)
     per_document = text_pipeline(corpus_texts, tok, per_document=True, **config)
     batched = text_pipeline(corpus_texts, tok, **config)
-    want = _run(per_document, 10, 1, call_at=2, at_step=5)
-    assert _run(batched, 10, 2, call_at=2, at_step=5) == want
-    assert _run(batched, 10, 2, call_at=2, at_step=5, resume_at=4) == want
+    change = dict(call_at=2, at_step=5, weights={"web": 0.1, "code": 0.9})
+    want = run(per_document, 10, **change)
+    assert run(batched, 10, world=2, **change) == want
+    assert run(batched, 10, world=2, resume_at=4, resume_world=4, **change) == want
 
 
 def test_the_thread_runner_with_workers_gives_the_same_batches(corpus_texts, tok):
