@@ -21,7 +21,7 @@ import zephon as z
 from zephon.ops.pack import Packer
 from zephon.verify import global_hashes
 
-from .test_step_clock import make_pipeline, run
+from .test_step_clock import corpus_records, make_pipeline, run
 
 
 class Identity:
@@ -150,3 +150,28 @@ def test_a_run_ends_where_a_replay_completes_the_held_row(tok, algorithm):
     assert global_hashes(pipe, 1, steps) == want
     diverged = [r for r in range(1, steps) if global_hashes(pipe, 1, steps, resume_at=r) != want]
     assert diverged == []
+
+
+def test_documents_with_payloads_leave_the_batched_path(corpus_texts, tok):
+    """A source whose documents keep their text as a payload has chunks of more than token ids: the lane
+    stops trying runs (each attempt would decide the pick twice) and the batches stay the per-document path's."""
+    def pipeline(per_document: bool) -> z.Pipeline:
+        pipe = (z.Pipeline(seed=2, lanes=2, flush_every=2)
+                .source("web", z.read.records(corpus_records(corpus_texts, 0, 60, 2), chunk_rows=4), weight=0.5)
+                .source("code", z.read.records(corpus_records(corpus_texts, 900, 60, 1), chunk_rows=4), weight=0.5)
+                .tokenize(tok, sources=["web"], keep_field=True)
+                .tokenize(tok, sources=["code"], name="tokenize_code")
+                .mix(by="documents"))
+        if per_document:
+            pipe = pipe.accumulate(Identity, version="1")
+        return pipe.pack(seq_len=48, algorithm="best_fit", max_open_bins=3).batch(rows_per_lane=2)
+
+    want = global_hashes(pipeline(True), 1, 8)
+    assert global_hashes(pipeline(False), 2, 8) == want
+    loader = pipeline(False).build()
+    try:
+        for _ in range(3):
+            next(loader)
+        assert [lane.nodes.merge._runs for lane in loader._host._lanes] == [False, False]
+    finally:
+        loader.close()

@@ -113,6 +113,7 @@ class MergeNode(_Replaying, BaseNode):
         self._sentinels = sentinels
         self._anchor = Flush(sentinels, tuple(positions))
         self._emitted, self._replay_to = 0, emitted
+        self._runs = True  # the batched text path may be taken (feed)
         ctx = dataclasses.replace(self.ctx, segment=sentinels, carry=0, release=-1)
         self.merge = call_factory(self.make_merge, ctx)
         if self.clock is not None:
@@ -192,9 +193,9 @@ class MergeNode(_Replaying, BaseNode):
         Returns:
             What ``push_text_run`` released (possibly nothing), or None where the next item must come
             through :meth:`next` (one is queued, a replay is due, the source has no open chunk of plain ids
-            or has ended, every source has ended).
+            or has ended, every source has ended; after a chunk of more than token ids, until the next reset).
         """
-        if self._queue or self._replay_to:
+        if self._queue or self._replay_to or not self._runs:
             return None
         clock = self.clock
         if clock is not None:
@@ -205,6 +206,9 @@ class MergeNode(_Replaying, BaseNode):
         stream = self.streams[s]
         run = stream.text_run(n)
         if run is None:
+            # a chunk whose documents carry more than token ids (payloads, other per-token fields): its source's
+            # chunks all will, so the lane stays on next() until it is rebuilt (else every pick is decided twice)
+            self._runs = stream.open_documents == 0
             return None
         taken, out = push_text_run(run)
         self.merge.book_run(s, taken, run.offsets[run.first + taken] - run.offsets[run.first])
@@ -294,7 +298,8 @@ class AccumulatorNode(_Replaying, BaseNode):
         self._pull = self.upstream.next  # reset just now: BaseNode.__next__'s start-up check, once per record, is moot
         # the batched text path: a packer straight after the built-in mixer takes runs of documents from it
         push_text_run = getattr(self.acc, "push_text_run", None)
-        self._feed = functools.partial(self.upstream.feed, push_text_run, TEXT_RUN) if push_text_run is not None \
+        self._feed = functools.partial(self.upstream.feed, push_text_run, TEXT_RUN) \
+            if push_text_run is not None and getattr(self.acc, "takes_text_runs", False) \
             and isinstance(self.upstream, MergeNode) and hasattr(self.upstream.merge, "book_run") else None
 
     def prime(self, limit: int | None = None) -> None:

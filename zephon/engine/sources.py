@@ -381,6 +381,11 @@ class SourceStream:
         k = self._k
         return TextRun(self._ids, self._offs, k, min(self._n, k + limit), self._tails, self._origins, self.index)
 
+    @property
+    def open_documents(self) -> int:
+        """Documents of the open chunk not taken yet (0: no chunk is open)."""
+        return self._n - self._k if self._chunk is not None else 0
+
     def advance(self, n: int) -> bool:
         """``n`` documents of the open chunk were taken through :meth:`text_run`: the position and counts as
         after ``n`` calls of :meth:`take`; True when a flush is due after the last of them."""

@@ -166,6 +166,8 @@ class Packer(Accumulator):
         self._cap_patches = BIG if self.limits.max_patches is None else self.limits.max_patches
         self._flushing = False  # a row closed early while the open bins are wrapped up: a sentinel's cost
         self._provenance = provenance
+        # the lane's batched text path (push_text_run) pays where documents are token ids alone
+        self.takes_text_runs = len(self._names) == 1
 
     # -- emission -------------------------------------------------------------------------------
     def _new_bin(self) -> Row:
@@ -406,18 +408,18 @@ class Packer(Accumulator):
         top-up: a replay can complete a row for the clock without output).
 
         Args:
-            run: documents of one source's chunk of plain token ids.
+            run: documents of one source's chunk of plain token ids; the packer packs ``input_ids`` alone
+                (:attr:`takes_text_runs`).
 
         Returns:
             ``(documents pushed, the rows and sentinels they released)``.
         """
         ids, offs, k, stop, tails, origins, source = run
-        plain = len(self._names) == 1  # no other per-token field to fill with its default
         for j in range(k, stop):
             a, b = offs[j], offs[j + 1]
             tail = IGNORE if tails is None else tails[j]
             origin = None if origins is None else origins[j]
-            if plain and not self._skip and self._held is None and self._replay_release < 0:
+            if not self._skip and self._held is None and self._replay_release < 0:
                 self._place_text(ids[a:b], tail, source, origin)
                 out = self._out
                 if out:
