@@ -186,7 +186,7 @@ class MergeNode(_Replaying, BaseNode):
     def feed(self, push_text_run: Callable[[TextRun], tuple[int, Iterable[Any]]], limit: int) -> Iterable[Any] | None:
         """The batched text path: the next run of up to ``limit`` documents the mixer picks from one source
         (within its open chunk, plain token ids) given to ``push_text_run`` (:meth:`zephon.ops.pack.Packer.push_text_run`),
-        which takes them one by one until one completes a row; only those it took are taken from the source,
+        which takes them one by one until one makes it emit a row; only those it took are taken from the source,
         booked by the mixer and counted as emitted, so the positions, sentinels, state and step clock are those
         of as many :meth:`next` calls. The merge must have ``take_run``/``book_run`` (the built-in mixer).
 

@@ -166,7 +166,7 @@ class Packer(Accumulator):
         self._cap_patches = BIG if self.limits.max_patches is None else self.limits.max_patches
         self._flushing = False  # a row closed early while the open bins are wrapped up: a sentinel's cost
         self._provenance = provenance
-        # the lane's batched text path (push_text_run) pays where documents are token ids alone
+        # the lane's batched text path (push_text_run) writes input_ids alone: only for a packer of nothing else
         self.takes_text_runs = len(self._names) == 1
 
     # -- emission -------------------------------------------------------------------------------
@@ -403,9 +403,10 @@ class Packer(Accumulator):
     def push_text_run(self, run: TextRun) -> tuple[int, Iterable[Any]]:
         """The lane's batched text path (:meth:`zephon.engine.nodes.MergeNode.feed`): the run's documents
         pushed one by one as :meth:`push` would, without a document object each, stopping after the first one
-        that completes a row (the lane's step clock advances there, and the documents after it belong to the
-        next decision) or that needs :meth:`push`'s whole logic (a skip or replay after a resume, a held row's
-        top-up: a replay can complete a row for the clock without output).
+        that makes the packer emit (a completed row, or a bin closed to make room: the lane's step clock advances
+        there, and the documents after it belong to the next decision) or that needs :meth:`push`'s whole logic
+        (a skip or replay after a resume, a held row's top-up: a replay can complete a row for the clock without
+        output). Only for a packer that :attr:`takes_text_runs` (its rows would lack the other fields).
 
         Args:
             run: documents of one source's chunk of plain token ids; the packer packs ``input_ids`` alone
@@ -414,6 +415,7 @@ class Packer(Accumulator):
         Returns:
             ``(documents pushed, the rows and sentinels they released)``.
         """
+        assert self.takes_text_runs, "push_text_run: this packer packs more fields than input_ids"
         ids, offs, k, stop, tails, origins, source = run
         for j in range(k, stop):
             a, b = offs[j], offs[j + 1]
