@@ -308,8 +308,10 @@ class _ThreadCpuTimer:
         self._libc.timer_delete(self._timer)
 
 
-def profile_trainer(it: Any, batches: int, count: Callable[[Any], int], interval: float = 0.004) -> dict[str, Any]:
-    """Where the trainer's thread spends its CPU over ``batches`` more batches, by sampling: a signal every
+def profile_trainer(it: Any, batches: int, count: Callable[[Any], int], interval: float = 0.004,
+                    min_samples: int = 10) -> dict[str, Any]:
+    """Where the trainer's thread spends its CPU over ``batches`` more batches (more, up to 50 times as many,
+    until ``min_samples`` samples are in: a few fast batches may not cross one interval), by sampling: a signal every
     ``interval`` s of *this thread's* CPU (:class:`_ThreadCpuTimer`, so samples fall while it runs, never
     while it waits for a worker or the GIL; the kernel checks such timers at its scheduler tick, 4 ms here,
     so finer intervals give no more samples); the handler walks the stack from the innermost frame out to the
@@ -342,8 +344,16 @@ def profile_trainer(it: Any, batches: int, count: Callable[[Any], int], interval
     units, t0 = 0, time.thread_time()
     timer.start()
     try:
-        for _ in range(batches):
-            units += count(next(it))
+        done = 0
+        while done < batches or (sum(parts.values()) < min_samples and done < 50 * batches):
+            try:
+                batch = next(it)
+            except StopIteration:
+                if done < batches:
+                    raise
+                break  # finite data: the samples so far
+            units += count(batch)
+            done += 1
     finally:
         timer.stop()
         signal.signal(signal.SIGPROF, old)
