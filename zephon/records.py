@@ -103,7 +103,11 @@ def doc_source(record: Any) -> int:
 def doc_origin(record: Any, shift: int = 0) -> tuple[int, int, int] | None:
     """A document's ``origin`` (None for a plain dict or when provenance is off), its token start moved
     ``shift`` tokens on: the origin of the piece of it that starts at token ``shift``."""
-    origin = getattr(record, "origin", None)
+    return shifted_origin(getattr(record, "origin", None), shift)
+
+
+def shifted_origin(origin: tuple[int, int, int] | None, shift: int) -> tuple[int, int, int] | None:
+    """The origin of the piece that starts ``shift`` tokens into a document of origin ``origin`` (None: none)."""
     if origin is None or not shift:
         return origin
     return origin[0], origin[1], origin[2] + shift

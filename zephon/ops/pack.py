@@ -74,7 +74,7 @@ from typing import Any, Iterable, Mapping
 import numpy as np
 
 from ..errors import PipelineError, StateError
-from ..records import IGNORE, INPUT_IDS, Doc, Flush, Row, TextRun, doc_tail
+from ..records import IGNORE, INPUT_IDS, Doc, Flush, Row, TextRun, doc_tail, shifted_origin
 from ..specs import PACK_ALGORITHMS
 from .base import Accumulator, BindContext, LaneContext, LaneOperator, choice, positive_int
 from .image_layout import (BIG, IMAGE_SPANS, NO_LIMITS, ImageLimits, ImageTooLarge, cut_points, patch_counts, piece,
@@ -447,8 +447,7 @@ class Packer(Accumulator):
         while a < n:  # as _wrap
             row = bins[0] if bins else self._new_bin()
             b = min(n, a + row.free)
-            row.put(ids[a:b], int(ids[b]) if b < n else tail, source,
-                    origin if origin is None or not a else (origin[0], origin[1], origin[2] + a))
+            row.put(ids[a:b], int(ids[b]) if b < n else tail, source, shifted_origin(origin, a))
             if not row.free:
                 self._emit(bins.pop(0))
             a = b
