@@ -18,6 +18,7 @@ from .batches.provenance import provenance_tensor
 from .batches.records import collate_records
 from .engine.counters import LaneCounters
 from .engine.executors import Executor
+from .engine.frame_stack import call_on_own_chunk
 from .engine.hosts import LocalLanes, ProcessLanes
 from .engine.runners import make_executor, make_host, runner_named
 from .engine.steps_ahead import StepsAhead
@@ -376,12 +377,12 @@ class ZephonLoader:
     def __iter__(self) -> Iterator[dict[str, Any]]:
         while True:
             try:
-                yield self._next_batch()
+                yield call_on_own_chunk(self._next_batch)
             except StopIteration:
                 return
 
     def __next__(self) -> dict[str, Any]:
-        return self._next_batch()
+        return call_on_own_chunk(self._next_batch)
 
     # -- state ----------------------------------------------------------------------------------
     def _state(self) -> dict[str, Any]:

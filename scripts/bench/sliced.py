@@ -335,8 +335,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--switch-interval", type=float, default=0, metavar="S",
                     help="also run every chosen Zephon configuration with sys.setswitchinterval(S) in its process "
                          "(NAME_swS): how long a thread waiting for the GIL lets the holder run")
+    ap.add_argument("--preload", default="", metavar="LIB",
+                    help="also run every chosen configuration with this allocator preloaded (LD_PRELOAD=LIB, e.g. "
+                         "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2) as NAME_preload, in the same passes")
     ap.add_argument("--json", default="")
     args = ap.parse_args(argv)
+    if args.preload and not Path(args.preload).is_file():
+        ap.error(f"--preload {args.preload}: no such file (Debian: apt-get install libjemalloc2)")
     data = Path(args.data).resolve()
     require_data(data)
     if args.noise:
@@ -370,6 +375,9 @@ def main(argv: list[str] | None = None) -> int:
         cfgs += [{**c, "name": f"{c['name']}_sw{args.switch_interval:g}",
                   "env": {**c.get("env", {}), "ZEPHON_BENCH_SWITCH_INTERVAL": str(args.switch_interval)}}
                  for c in cfgs if c["kind"] == "zephon"]
+    if args.preload:
+        cfgs += [{**c, "name": c["name"] + "_preload", "env": {**c.get("env", {}), "LD_PRELOAD": args.preload}}
+                 for c in cfgs]
     import zephon
     recipe = zephon.load_recipe(data / "recipe.toml")
     batch, seq_len = recipe.global_batch_size, recipe.seq_len

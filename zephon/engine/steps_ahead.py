@@ -29,6 +29,7 @@ from ..ops.batch import RecordBlock, flat_rows
 from ..records import Row
 from ..state.lane import LaneState
 from .counters import LaneCounters
+from .frame_stack import call_on_own_chunk
 from .hosts import LocalLanes, ProcessLanes
 
 
@@ -175,7 +176,7 @@ def _run_ahead(ref: "weakref.ref[StepsAhead]", stop: threading.Event, out: queue
             host = ref()
             if host is None:
                 return
-            item = host._step(stop)
+            item = call_on_own_chunk(host._step, stop)
             del host
             if item is None:
                 return

@@ -1,0 +1,60 @@
+"""``call_on_own_chunk``: the trainer's per-batch work does not map and unmap CPython frame-stack chunks
+however deep the caller's stack is (zephon/engine/frame_stack.py)."""
+
+from __future__ import annotations
+
+import resource
+import sys
+
+import pytest
+
+from zephon.engine.frame_stack import RESERVED_SLOTS, call_on_own_chunk
+
+pytestmark = pytest.mark.skipif(not hasattr(resource, "RUSAGE_THREAD"), reason="needs per-thread rusage (Linux)")
+
+CALLS = 300  # calls of a small function per burst: where a chunk edge falls between them, one chunk each
+
+
+def _leaf() -> int:
+    return 1
+
+
+def _burst(n: int) -> int:
+    total = 0
+    for _ in range(n):
+        total += _leaf()
+    return total
+
+
+def _at_depth(depth: int, fn, *args):
+    return _at_depth(depth - 1, fn, *args) if depth else fn(*args)
+
+
+def _faults(depth: int, fn, *args) -> int:
+    before = resource.getrusage(resource.RUSAGE_THREAD).ru_minflt
+    _at_depth(depth, fn, *args)
+    return resource.getrusage(resource.RUSAGE_THREAD).ru_minflt - before
+
+
+def test_reserves_more_than_a_chunk() -> None:
+    if sys.implementation.name != "cpython":
+        pytest.skip("CPython's frame stack")
+    assert call_on_own_chunk.__code__.co_stacksize >= RESERVED_SLOTS
+    assert call_on_own_chunk(max, 3, 7) == 7
+    with pytest.raises(StopIteration):
+        call_on_own_chunk(next, iter(()))
+
+
+def test_bursts_take_no_faults_at_any_depth() -> None:
+    """Over enough caller depths to cross several chunk edges, a burst run through call_on_own_chunk takes
+    a handful of page faults (its own chunk), where the same burst called directly takes one or more per
+    call at the depths that put the small function first in a chunk (on CPython without gh-142183's fix)."""
+    if sys.implementation.name != "cpython":
+        pytest.skip("CPython's frame stack")
+    depths = range(0, 800)  # more than one chunk edge apart (about 370 frames of _at_depth on 3.11)
+    _at_depth(max(depths), call_on_own_chunk, _burst, CALLS)  # pages and code warmed once
+    wrapped = {d: min(_faults(d, call_on_own_chunk, _burst, CALLS) for _ in range(2)) for d in depths}
+    assert max(wrapped.values()) < CALLS // 10, {d: f for d, f in wrapped.items() if f >= CALLS // 10}
+    if sys.version_info < (3, 13):  # the interpreters that free a chunk as soon as its first frame returns
+        direct = {d: min(_faults(d, _burst, CALLS) for _ in range(2)) for d in depths}
+        assert max(direct.values()) >= CALLS, "no depth crossed a chunk edge: the test no longer tests anything"
