@@ -3,12 +3,13 @@ however deep the caller's stack is (zephon/engine/frame_stack.py)."""
 
 from __future__ import annotations
 
-import resource
 import sys
 
 import pytest
 
 from zephon.engine.frame_stack import RESERVED_SLOTS, call_on_own_chunk
+
+resource = pytest.importorskip("resource")
 
 pytestmark = pytest.mark.skipif(not hasattr(resource, "RUSAGE_THREAD"), reason="needs per-thread rusage (Linux)")
 
@@ -58,6 +59,8 @@ def test_bursts_take_no_faults_at_any_depth() -> None:
     _at_depth(max(depths), call_on_own_chunk, _burst, CALLS)  # pages and code warmed once
     wrapped = {d: min(_faults(d, call_on_own_chunk, _burst, CALLS) for _ in range(2)) for d in depths}
     assert max(wrapped.values()) < CALLS // 10, {d: f for d, f in wrapped.items() if f >= CALLS // 10}
-    if sys.version_info < (3, 13):  # the interpreters that free a chunk as soon as its first frame returns
+    # Interpreters that free a chunk as soon as its first frame returns: 3.11, 3.12 and 3.13 before its
+    # gh-142183 backport (3.13.0 still does); later ones cache a chunk, so there is nothing to show there.
+    if sys.version_info < (3, 13):
         direct = {d: min(_faults(d, _burst, CALLS) for _ in range(2)) for d in depths}
         assert max(direct.values()) >= CALLS, "no depth crossed a chunk edge: the test no longer tests anything"

@@ -110,7 +110,7 @@ class _RankNode(BaseNode[dict]):
         self._loader._reset(initial_state)
 
     def next(self) -> dict[str, Any]:
-        return self._loader._next_batch()
+        return call_on_own_chunk(self._loader._next_batch)
 
     def get_state(self) -> dict[str, Any]:
         return self._loader._state()

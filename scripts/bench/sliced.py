@@ -376,7 +376,7 @@ def main(argv: list[str] | None = None) -> int:
                   "env": {**c.get("env", {}), "ZEPHON_BENCH_SWITCH_INTERVAL": str(args.switch_interval)}}
                  for c in cfgs if c["kind"] == "zephon"]
     if args.preload:
-        cfgs += [{**c, "name": c["name"] + "_preload", "env": {**c.get("env", {}), "LD_PRELOAD": args.preload}}
+        cfgs += [{**c, "name": c["name"] + "_preload", "env": {**c.get("env", {}), "LD_PRELOAD": str(Path(args.preload).resolve())}}
                  for c in cfgs]
     import zephon
     recipe = zephon.load_recipe(data / "recipe.toml")

@@ -10,7 +10,7 @@ the trainer thread's minor page faults and CPU per batch (``/proc/self/task/<tid
 the CPU column is coarse; the faults are exact).
 
     python scripts/bench/stack_depth.py --data bench_data --depths 0:200:4 --json stack_depth.json
-    git archive HEAD~1 zephon | tar -x -C /tmp/zbefore
+    mkdir -p /tmp/zbefore && git archive 1fbd667 zephon | tar -x -C /tmp/zbefore   # before the fix
     python scripts/bench/stack_depth.py --data bench_data --depths 0:200:4 --zephon-src /tmp/zbefore
 """
 
@@ -51,6 +51,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batches", type=int, default=30, help="batches per depth")
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--algorithm", default="best_fit")
+    ap.add_argument("--flush-by", default="units", choices=("units", "chunks"),
+                    help="the sentinel cadence, passed to both sides of a before/after alike (a --zephon-src checkout "
+                         "must be one that has flush_by)")
     ap.add_argument("--zephon-src", default="", help="a checkout whose zephon/ to measure instead of this one")
     ap.add_argument("--json", default="")
     args = ap.parse_args(argv)
@@ -64,9 +67,8 @@ def main(argv: list[str] | None = None) -> int:
     data = Path(args.data).resolve()
     require_data(data)
     start, stop, step = (int(x) for x in args.depths.split(":"))
-    kw = {"flush_by": "units"} if not args.zephon_src else {}
     it, close, _ = _pipelines.BUILDERS["zephon"](data, 32, 2048, workers=args.workers, runner="thread",
-                                                 algorithm=args.algorithm, **kw)
+                                                 algorithm=args.algorithm, flush_by=args.flush_by)
     rows = []
     try:
         for _ in range(10):  # warm-up: workers started, first row groups read

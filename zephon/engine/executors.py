@@ -19,7 +19,7 @@ import os
 import pickle
 from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
-from typing import Any, Protocol
+from typing import Any, Callable, Protocol
 
 from .worker_guard import Trainer, exit_with, this_process
 from . import tokenizer_pool
@@ -141,11 +141,12 @@ def _pool_run(source: int, stage: int, item: Any) -> Any:
 class _PoolHandle:
     """A pool future whose ``result()`` turns a dead pool into an error that says what to do."""
 
-    __slots__ = ("_future", "_taken")
+    __slots__ = ("_future", "_taken", "_settle")
 
-    def __init__(self, future: Future) -> None:
+    def __init__(self, future: Future, settle: Callable[[], None]) -> None:
         self._future = future
         self._taken = False
+        self._settle = settle  # the executor's: wait until its broken pool is shut down
 
     def done(self) -> bool:
         return self._future.done()
@@ -154,6 +155,7 @@ class _PoolHandle:
         try:
             out = self._future.result()
         except BrokenProcessPool as exc:
+            self._settle()
             raise RuntimeError(POOL_DEATH) from exc
         if self._taken:
             raise RuntimeError("a pool task's result was asked for twice; its shared-memory file is gone")
@@ -201,9 +203,17 @@ class ProcessExecutor:
     def submit(self, source: int, stage: int, item: Any) -> Handle:
         assert self._pool is not None, "executor is closed"
         try:
-            return _PoolHandle(self._pool.submit(_pool_run, source, stage, item))
+            return _PoolHandle(self._pool.submit(_pool_run, source, stage, item), self._settle_broken)
         except BrokenProcessPool as exc:
+            self._settle_broken()
             raise RuntimeError(POOL_DEATH) from exc
+
+    def _settle_broken(self) -> None:
+        """Wait until the broken pool's own thread has shut it down. Why: CPython 3.11's exit handler wakes
+        every pool's thread without the pool's lock, and a broken pool's thread may be closing that pipe just
+        then ("OSError: Bad file descriptor" after the error, at exit); ``shutdown`` wakes it under the lock."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
 
     def close(self) -> None:
         if self._pool is not None:
