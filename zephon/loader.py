@@ -110,7 +110,7 @@ class _RankNode(BaseNode[dict]):
         self._loader._reset(initial_state)
 
     def next(self) -> dict[str, Any]:
-        return call_on_own_chunk(self._loader._next_batch)
+        return self._loader._next_batch()
 
     def get_state(self) -> dict[str, Any]:
         return self._loader._state()
@@ -313,6 +313,10 @@ class ZephonLoader:
         return bool(flag.item())
 
     def _next_batch(self) -> dict[str, Any]:
+        # every way of asking for a batch comes here: its work runs on a frame-stack chunk of its own
+        return call_on_own_chunk(self._compute_batch)
+
+    def _compute_batch(self) -> dict[str, Any]:
         rows, ok = self._prepare_step()
         return self._finish_step(rows, self._agree(ok))
 
@@ -377,12 +381,12 @@ class ZephonLoader:
     def __iter__(self) -> Iterator[dict[str, Any]]:
         while True:
             try:
-                yield call_on_own_chunk(self._next_batch)
+                yield self._next_batch()
             except StopIteration:
                 return
 
     def __next__(self) -> dict[str, Any]:
-        return call_on_own_chunk(self._next_batch)
+        return self._next_batch()
 
     # -- state ----------------------------------------------------------------------------------
     def _state(self) -> dict[str, Any]:

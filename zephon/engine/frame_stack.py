@@ -5,8 +5,8 @@ CPython (3.11 and 3.12; 3.13 before its fix for gh-142183) keeps each thread's P
 that is called many times per batch happens to be the first of a chunk, each call maps a chunk and each
 return unmaps it, with page faults on every fresh page. Where that happens depends only on how deep the
 caller's stack is: measured in one process with the caller's stack padded by 0-200 frames, the trainer's
-CPU per text batch was 2.0 ms at most depths and 3-9 ms in a few windows of them, with thousands of minor
-faults per 30 batches (BENCHMARKS.md 4d).
+CPU per text batch was 2.0 ms at most depths and up to 10 ms in a few windows of them, with up to 469 minor
+faults a batch (BENCHMARKS.md 4d).
 
 :func:`call_on_own_chunk` runs a call inside a frame that reserves :data:`RESERVED_SLOTS` stack slots it
 never uses. Such a frame never fits in a 16 KiB chunk, so CPython gives it a new 64 KiB one with about
