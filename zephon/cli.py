@@ -108,9 +108,7 @@ def _display_path(path: str) -> str:
     """A source path tidied for people: ``recipes/../data/*.jsonl`` -> ``data/*.jsonl``. A glob is kept as the
     recipe wrote it, joined to the recipe's folder (zephon/recipe/parse.py resolves only plain paths), hence the
     ``..``. URLs (``s3://b/a/../c``) are left alone: in an object store ``..`` is part of a key."""
-    if "://" in path:
-        return path
-    return os.path.normpath(path)
+    return path if "://" in path else os.path.normpath(path)
 
 
 def _lane_ranges(lanes: Iterable[int]) -> str:
@@ -195,12 +193,6 @@ class _Throughput:
         return (n1 - n0) / max(t1 - t0, 1e-9)
 
 
-def _check_world_size(lanes: int, world_size: int) -> None:
-    from .loader import lanes_of_rank
-
-    lanes_of_rank(lanes, 0, world_size)  # raises ValueError naming both numbers
-
-
 # -- demo -------------------------------------------------------------------------------------------
 def cmd_demo(args: argparse.Namespace) -> int:
     """Build the parts of the demo that are missing (all of them with --force), each checked on its own."""
@@ -264,12 +256,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from .batches.packed import batch_digest
-    from .loader import build_loader
+    from .loader import build_loader, lanes_of_rank
     from .recipe.parse import load_recipe
     from .state import save_state
 
     recipe = load_recipe(args.recipe)
-    _check_world_size(recipe.lanes, args.world_size)
+    lanes_of_rank(recipe.lanes, 0, args.world_size)  # raises ValueError naming both numbers
     state, files = _load_states(args.resume) if args.resume else (None, [])
     with build_loader(recipe, rank=args.rank, world_size=args.world_size, num_workers=args.num_workers,
                       runner=args.runner) as loader:
@@ -349,12 +341,13 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 # -- verify -----------------------------------------------------------------------------------------
 def cmd_verify(args: argparse.Namespace) -> int:
+    from .loader import lanes_of_rank
     from .recipe.parse import load_recipe
     from .verify import verify
 
     recipe = load_recipe(args.recipe)
     for w in args.world_sizes:
-        _check_world_size(recipe.lanes, w)
+        lanes_of_rank(recipe.lanes, 0, w)  # raises ValueError naming both numbers
     if args.resume_at is not None and not 0 <= args.resume_at < args.steps:
         raise CliError(f"--resume-at {args.resume_at} must be in [0, --steps={args.steps}), steps 0..{args.steps - 1} "
                        f"being verified: K is the step a resumed run starts at (the checkpoint is taken after "
@@ -477,13 +470,11 @@ def cmd_diff(args: argparse.Namespace) -> int:
 def inspect_plan(recipe_path: str, lanes_shown: int = 4, units_shown: int = 3) -> dict[str, Any]:
     """The recipe, its sources' plans and the first units of the first lanes, as plain data."""
     from .origins import coordinate
-    from .plan import WorkPlan
     from .recipe.parse import load_recipe
 
     recipe = load_recipe(recipe_path)
     pipe = recipe.to_pipeline()
     program = pipe.compile()
-    plan: WorkPlan = program.plan
     weights = {s.name: s.weight for s in pipe.sources}
     total_weight = sum(weights.values())
     info: dict[str, Any] = {
@@ -501,7 +492,7 @@ def inspect_plan(recipe_path: str, lanes_shown: int = 4, units_shown: int = 3) -
     }
     if program.records:  # nothing is packed, and a tokenizer is optional: the operators say what runs
         info.update(pack=None, tokenizer=None, split_len=None)
-    for sp in plan.sources:
+    for sp in program.plan.sources:
         info["sources"].append({
             "name": sp.spec.name, "format": sp.spec.format, "paths": list(sp.spec.path),
             "text_field": sp.spec.text_field, "files": len(sp.files), "units": len(sp.units),
@@ -510,7 +501,7 @@ def inspect_plan(recipe_path: str, lanes_shown: int = 4, units_shown: int = 3) -
         })
     for lane in range(min(lanes_shown, recipe.lanes)):
         per_source = {}
-        for sp in plan.sources:
+        for sp in program.plan.sources:
             units = []
             # MDS / LitData shards share basenames across parts (shard.00000.mds): show them from the root
             names = sp.relative_files() if sp.spec.format in ("mds", "litdata") else None
@@ -525,6 +516,8 @@ def inspect_plan(recipe_path: str, lanes_shown: int = 4, units_shown: int = 3) -
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
+    from .recipe.parse import load_recipe
+
     info = inspect_plan(args.recipe, args.lanes_shown)
     if args.json:
         _out(json.dumps(info, indent=2))
@@ -556,7 +549,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     for o in info["operators"]:
         _out(f"  {o['operator']:<{width}}  {o['runs']}" + (f"  [{o['sources']}]" if o["sources"] not in ("-", "") else ""))
     _out(f"fingerprint {info['fingerprint']}")
-    schedule = inspect_schedule(args.recipe)
+    schedule = load_recipe(args.recipe).to_pipeline().compile().schedule
     if schedule is not None:
         from .ops.schedule import schedule_ascii, schedule_png, schedule_table
 
@@ -573,13 +566,6 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     elif args.plot:
         raise CliError(f"--plot: {args.recipe} has no mixture schedule to plot")
     return EXIT_OK
-
-
-def inspect_schedule(recipe_path: str) -> Any:
-    """The recipe's mixture schedule, if it has one."""
-    from .recipe.parse import load_recipe
-
-    return load_recipe(recipe_path).to_pipeline().compile().schedule
 
 
 # -- parser -----------------------------------------------------------------------------------------

@@ -177,9 +177,13 @@ class ZephonLoader:
         self.pipeline = pipeline_of(pipeline, text_map, text_filter)
         """The :class:`zephon.Pipeline` it loads (the plugins read its ``seq_len`` and operators)."""
         self.rank, self.world_size = rank, world_size
-        # lanes: a debugging tool's choice of lanes (zephon.provenance), whatever the rank
-        self.lanes = lanes_of_rank(self.pipeline.lanes, rank, world_size) if lanes is None else \
-            _chosen_lanes(lanes, self.pipeline.lanes)
+        total = self.pipeline.lanes
+        if lanes is None:
+            lanes = lanes_of_rank(total, rank, world_size)
+        elif not isinstance(lanes, range) or lanes.step != 1 or not 0 <= lanes.start < lanes.stop <= total:
+            # a debugging tool's choice of lanes (zephon.provenance), whatever the rank
+            raise ValueError(f"lanes={lanes!r}: a range of consecutive lanes within [0, {total})")
+        self.lanes = lanes
         """The lanes this rank owns, in order."""
         self.program: CompiledPipeline = program or self.pipeline.compile(plan)
         """The compiled pipeline its lanes run."""
@@ -193,7 +197,7 @@ class ZephonLoader:
         self.max_steps = max_steps
         """The global steps after which iteration stops (None: endless)."""
         self._executors: dict[str, Executor] = {}
-        self._own_executors = True
+        self._own_executors = isinstance(runner, str)
         self.events: list[tuple[int, dict[str, float]]] = []
         """The mixture interventions (``(at_step, weights)``, from :meth:`set_mixture`), shared with every lane."""
         self.num_workers = num_workers
@@ -204,7 +208,6 @@ class ZephonLoader:
         bursty = self.program.images is not None  # packing lanes that take decoded images in bursts
         if not isinstance(runner, str):  # an executor shared by several loaders (zephon.verify)
             self._default_kind, self._executors[runner.kind] = runner.kind, runner
-            self._own_executors = False
             self._host: Any = LocalLanes(self.program, self.lanes, self._executor_for,
                                          prefetch or lane_depth(runner.num_workers, bursty), self.events)
         else:
@@ -292,9 +295,7 @@ class ZephonLoader:
         if type(rows) is RecordBlock:
             pad = rows.padding()
             return rows, (pad == 0 if self.program.partial == "drop" else pad < len(rows))
-        if self.program.partial == "drop":
-            return rows, all(r.fill for r in rows)
-        return rows, any(r.fill for r in rows)
+        return rows, (all if self.program.partial == "drop" else any)(r.fill for r in rows)
 
     def _agree(self, ok: bool) -> bool:
         """The same verdict on every rank: all must be able to deliver (drop), or any (pad)."""
@@ -371,9 +372,7 @@ class ZephonLoader:
         for _ in range(steps):
             rows, ok = self._prepare_step()
             if not self._agree(ok):
-                self._ended = True
-                self._ended_states = self._before_step
-                raise StopIteration
+                self._finish_step(rows, False)  # the data has ended: raises StopIteration
             self.step += 1
             if isinstance(self._host, StepsAhead):
                 self._host.take_batch(rows)
@@ -392,19 +391,15 @@ class ZephonLoader:
     def _state(self) -> dict[str, Any]:
         if not self._initialized:
             self._reset(None)
+        # the lanes' positions after the last delivered batch (an ended loader's lanes went one step further to
+        # learn that the data had ended)
+        positions = self._ended_states if self._ended and self._ended_states is not None else self._host.states()
         return seal({
             "format": STATE_FORMAT, "version": STATE_VERSION, "fingerprint": self.fingerprint,
             "pipeline": self.summary, "step": self.step, "rank": self.rank, "world_size": self.world_size,
             "events": [[at, dict(w)] for at, w in self.events], "ended": self._ended,
-            "lanes": {str(lane): st for lane, st in self._lane_states().items()},
+            "lanes": {str(lane): st for lane, st in positions.items()},
         })
-
-    def _lane_states(self) -> dict[int, dict]:
-        """The lanes' positions after the last delivered batch (an ended loader's lanes went one step
-        further to learn that the data had ended)."""
-        if self._ended and getattr(self, "_ended_states", None) is not None:
-            return self._ended_states
-        return self._host.states()
 
     def state_dict(self) -> dict[str, Any]:
         """This rank's lanes' positions after the last delivered batch (JSON-serialisable).
@@ -596,8 +591,7 @@ class ZephonLoader:
         """
         from .ops.schedule import weights_in_force
 
-        w = weights_in_force(self.program.schedule, self.program.weights, self.events, step)
-        return _shares(w)
+        return _shares(weights_in_force(self.program.schedule, self.program.weights, self.events, step))
 
     def close(self) -> None:
         """Stop worker threads/processes (also done at interpreter exit)."""
@@ -613,12 +607,6 @@ class ZephonLoader:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
-
-
-def _chosen_lanes(lanes: Any, total: int) -> range:
-    if not isinstance(lanes, range) or lanes.step != 1 or not 0 <= lanes.start < lanes.stop <= total:
-        raise ValueError(f"lanes={lanes!r}: a range of consecutive lanes within [0, {total})")
-    return lanes
 
 
 def _count_block(rows: RecordBlock, d: dict, by_source: Any) -> None:
