@@ -23,16 +23,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.ipc as ipc
 
-from .base import DEFAULT_DOC_LIMIT, DocLimit, LRU
+from .base import DEFAULT_DOC_LIMIT, DocLimit, LRU, is_local, row_starts
 from ..errors import SourceError
 from .columnar import ColumnarReader
 
 _FILE_MAGIC = b"ARROW1"
-
-
-def is_local(fs: Any) -> bool:
-    protocol = getattr(fs, "protocol", "file")
-    return "file" in (protocol if isinstance(protocol, tuple) else (protocol,))
 
 
 class _Layout:
@@ -43,14 +38,8 @@ class _Layout:
         self.nbytes = nbytes  # memory it holds: a remote stream read whole (a mapped file holds none)
 
 
-def _starts(sizes: Sequence[int]) -> np.ndarray:
-    return np.concatenate([[0], np.cumsum(np.asarray(sizes, dtype=np.int64))]).astype(np.int64)
-
-
 class ArrowReader(ColumnarReader):
     """Reads Arrow IPC files (file or stream format, told apart by the file format's magic bytes)."""
-
-    kind = "Arrow IPC"
 
     def __init__(self, fs: fsspec.AbstractFileSystem, source: str, text_field: str, chunk_rows: int,
                  cache_bytes: int = 1 << 30, tokens_field: str | None = None,
@@ -74,7 +63,7 @@ class ArrowReader(ColumnarReader):
         if isinstance(exc, FileNotFoundError):
             return SourceError(f"source '{self.source}': file {path} is missing; it was listed when the run was "
                                f"planned. Restore it or start a new run.")
-        return SourceError(f"source '{self.source}': {path} is not a readable {self.kind} file ({exc}). The file is "
+        return SourceError(f"source '{self.source}': {path} is not a readable Arrow IPC file ({exc}). The file is "
                            f"corrupt or truncated, or not in the Arrow IPC file or stream format: re-write or "
                            f"remove it.")
 
@@ -98,7 +87,7 @@ class ArrowReader(ColumnarReader):
                 sizes = [reader.get_batch(i).num_rows for i in range(reader.num_record_batches)]
             except (pa.ArrowException, OSError, ValueError) as exc:
                 raise self._failed(path, exc) from exc
-            return _Layout(reader.schema, _starts(sizes), reader.get_batch)
+            return _Layout(reader.schema, row_starts(sizes), reader.get_batch)
         return self._files.get((path, threading.get_ident()), make)
 
     def _read_stream(self, path: str) -> _Layout:
@@ -112,7 +101,7 @@ class ArrowReader(ColumnarReader):
             batches = list(stream)
         except (pa.ArrowException, OSError, ValueError) as exc:
             raise self._failed(path, exc) from exc
-        return _Layout(stream.schema, _starts([b.num_rows for b in batches]), batches.__getitem__, nbytes)
+        return _Layout(stream.schema, row_starts([b.num_rows for b in batches]), batches.__getitem__, nbytes)
 
     def _group_starts(self, path: str) -> np.ndarray:
         return self._open(path).starts

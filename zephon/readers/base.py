@@ -14,6 +14,7 @@ it, so the position after any record is exact.
 from __future__ import annotations
 
 import collections.abc
+import importlib
 import math
 import os
 import threading
@@ -24,8 +25,6 @@ from typing import Any, Callable, Protocol, Sequence
 import numpy as np
 
 from ..errors import SourceError
-
-
 
 
 @dataclass(frozen=True)
@@ -304,6 +303,55 @@ def chunks_in_groups(starts: np.ndarray, unit: Unit, cursor: int, chunk_rows: in
             continue
         out += aligned_cuts(max(lo, a), min(hi, b), a, chunk_rows)
     return out
+
+
+def row_starts(sizes: Sequence[int]) -> np.ndarray:
+    """Cumulative row offsets ``[0, n0, n0+n1, ..., total]`` of groups of ``sizes`` rows."""
+    return np.concatenate([[0], np.cumsum(np.asarray(sizes, dtype=np.int64))]).astype(np.int64)
+
+
+class GroupedReader:
+    """Planning for a reader whose files are made of groups of rows (row groups, record batches, splits):
+    :meth:`group_starts` gives the units (:func:`units_of_groups`) and the chunks (:func:`chunks_in_groups`)."""
+
+    chunk_rows: int
+
+    def group_starts(self, path: str) -> np.ndarray:
+        """Row offsets of the groups of ``path``: [0, n0, n0+n1, ..., rows]."""
+        raise NotImplementedError
+
+    def split_units(self, files: Sequence[str], lanes: int) -> list[Unit]:
+        return units_of_groups(files, lanes, self.group_starts)
+
+    def chunk_bounds(self, path: str, unit: Unit, cursor: int) -> list[tuple[int, int]]:
+        return chunks_in_groups(self.group_starts(path), unit, cursor, self.chunk_rows)
+
+    def group_of(self, path: str, start: int, end: int, word: str = "group") -> tuple[np.ndarray, int, int]:
+        """The group starts of ``path``, the group chunk [start, end) is in and its end (``end=-1``: the
+        group's end); a chunk never crosses a group (``word``: what the format calls one, for the message)."""
+        starts = self.group_starts(path)
+        group = int(np.searchsorted(starts, start, side="right") - 1)
+        if end < 0:
+            end = int(starts[group + 1])
+        if end > starts[group + 1]:
+            raise AssertionError(f"chunk [{start}, {end}) crosses a {word} of {path}")
+        return starts, group, end
+
+
+def is_local(fs: Any) -> bool:
+    """Whether ``fs`` is the local filesystem (its files can be opened by path or memory-mapped)."""
+    protocol = getattr(fs, "protocol", "file")
+    return "file" in (protocol if isinstance(protocol, tuple) else (protocol,))
+
+
+def optional_import(module: str, source: str, fmt: str, package: str, extra: str) -> Any:
+    """``module``, from the optional ``package`` that format ``fmt`` needs; if it is missing, an error that says
+    how to install it (the ``extra`` of a Zephon checkout)."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        raise SourceError(f"source '{source}': format '{fmt}' needs the {package} package (python -m pip install "
+                          f"-e '.[{extra}]', run from a Zephon checkout): {exc}") from exc
 
 
 def native_failure(exc: BaseException) -> bool:

@@ -25,7 +25,7 @@ import fsspec
 import numpy as np
 import pyarrow as pa
 
-from .base import DEFAULT_DOC_LIMIT, DocLimit, LRU, RawChunk, Unit, chunks_in_groups, limit_text_column, units_of_groups
+from .base import DEFAULT_DOC_LIMIT, DocLimit, GroupedReader, LRU, RawChunk, limit_text_column
 from ..errors import SourceError
 from .tokens import arrow_token_rows, is_token_list_type
 
@@ -36,6 +36,42 @@ def is_text_type(t: pa.DataType) -> bool:
     return any(check(t) for check in _TEXT_TYPES)
 
 
+def column_values(col: pa.Array, name: str, source: str, where: str, first_row: int, limit: DocLimit) -> Any:
+    """One column of a source read with several ``columns``: texts (the size guard applied), token ids
+    (:class:`~zephon.readers.base.TokenRows`), or anything else (binary image bytes, numbers, structs) as
+    Python values. ``first_row`` is the row number of ``col[0]`` in ``where``."""
+    if is_text_type(col.type):
+        return limit_text_column(col, limit, source, where, first_row)
+    if is_token_list_type(col.type):
+        return arrow_token_rows(col, source, where, name, first_row)
+    return col.to_pylist()
+
+
+def missing_column(source: str, where: str, name: str, names: Sequence[str], tokens: bool | None) -> SourceError:
+    """The error for column ``name`` missing from ``where`` (whose columns are ``names``): the one column of a
+    source (of token ids when ``tokens``, else of text), or one of its several ``columns`` (``tokens=None``)."""
+    if tokens is None:
+        fix = "Fix the source's columns."
+    else:
+        key, what = ("tokens_field", "token ids") if tokens else ("text_field", "text")
+        fix = f"Set {key} of this source to the column that holds the {what}."
+    return SourceError(f"source '{source}': {where} has no column '{name}' (columns: {', '.join(names)}). {fix}")
+
+
+def checked_type(col: pa.Array, tokens: bool, source: str, path: str, field: str) -> pa.Array:
+    """``col``, the one column of a Parquet or Vortex source, once it is a list of integer token ids
+    (``tokens``) or a string column (else)."""
+    if tokens:
+        if not is_token_list_type(col.type):
+            raise SourceError(f"source '{source}': column '{field}' of {path} has type {col.type}, not a list of "
+                              f"integer token ids. Point tokens_field at a token-id column, or use text_field for a "
+                              f"text column.")
+    elif not is_text_type(col.type):
+        raise SourceError(f"source '{source}': column '{field}' of {path} has type {col.type}, not a string. Point "
+                          f"text_field at a text column.")
+    return col
+
+
 def combined(col: pa.Array | pa.ChunkedArray) -> pa.Array:
     """One contiguous array (a table's column may come in several chunks)."""
     if isinstance(col, pa.ChunkedArray):
@@ -43,13 +79,11 @@ def combined(col: pa.Array | pa.ChunkedArray) -> pa.Array:
     return col
 
 
-class ColumnarReader:
+class ColumnarReader(GroupedReader):
     """Reads ``text_field`` (or the token-id list column ``tokens_field``, or several ``columns``) of files
     made of row groups. Subclasses implement :meth:`group_starts`, :meth:`column_names` and either
     :meth:`group_column` (a whole group's column, cached per process like a Parquet row group) or
     :meth:`rows` (any row range directly, for formats with cheap random access)."""
-
-    kind = "Arrow"  # the format's name in messages
 
     def __init__(self, fs: fsspec.AbstractFileSystem | None, source: str, text_field: str, chunk_rows: int,
                  cache_bytes: int = 1 << 30, tokens_field: str | None = None,
@@ -85,12 +119,6 @@ class ColumnarReader:
     def group_starts(self, path: str) -> np.ndarray:
         return self._starts.get(path, lambda: self._group_starts(path))
 
-    def split_units(self, files: Sequence[str], lanes: int) -> list[Unit]:
-        return units_of_groups(files, lanes, self.group_starts)
-
-    def chunk_bounds(self, path: str, unit: Unit, cursor: int) -> list[tuple[int, int]]:
-        return chunks_in_groups(self.group_starts(path), unit, cursor, self.chunk_rows)
-
     # -- reading (runs on workers) -------------------------------------------------------------------------
     def _checked_group_column(self, path: str, group: int, name: str) -> pa.Array:
         def make() -> pa.Array:
@@ -114,38 +142,20 @@ class ColumnarReader:
 
     def _require(self, path: str, name: str, single: bool) -> None:
         names = self.column_names(path)
-        if name in names:
-            return
-        if single:
-            key, what = ("tokens_field", "token ids") if self.tokens_field else ("text_field", "text")
-            fix = f"Set {key} of this source to the column that holds the {what}."
-        else:
-            fix = "Fix the source's columns."
-        raise SourceError(f"source '{self.source}': {self.where(path)} has no column '{name}' (columns: "
-                          f"{', '.join(names)}). {fix}")
+        if name not in names:
+            tokens = bool(self.tokens_field) if single else None
+            raise missing_column(self.source, self.where(path), name, names, tokens)
 
     def read(self, path: str, start: int, end: int) -> RawChunk:
-        starts = self.group_starts(path)
-        group = int(np.searchsorted(starts, start, side="right") - 1)
-        if end < 0:
-            end = int(starts[group + 1])
-        if end > starts[group + 1]:
-            raise AssertionError(f"chunk [{start}, {end}) crosses a group of {path}")
+        _, group, end = self.group_of(path, start, end)
         cursors = np.arange(start + 1, end + 1, dtype=np.int64)
         where = self.where(path)
         if self.columns:
-            out: dict[str, Any] = {}
             for name in self.columns:  # every column first: a format may read them all at once
                 self._require(path, name, single=False)
-            for name in self.columns:
-                col = self.rows(path, group, name, start, end)
-                if is_text_type(col.type):
-                    out[name] = limit_text_column(col, self.doc_limit, self.source, where, start)
-                elif is_token_list_type(col.type):
-                    out[name] = arrow_token_rows(col, self.source, where, name, start)
-                else:  # binary (image bytes), numbers, structs...: Python values
-                    out[name] = col.to_pylist()
-            return RawChunk([], cursors, end, columns=out)
+            return RawChunk([], cursors, end, columns={
+                name: column_values(self.rows(path, group, name, start, end), name, self.source, where, start,
+                                    self.doc_limit) for name in self.columns})
         self._require(path, self.text_field, single=True)
         col = self.rows(path, group, self.text_field, start, end)
         if self.tokens_field:

@@ -33,7 +33,7 @@ import fsspec
 import numpy as np
 
 from .arrow import ArrowReader
-from .base import DEFAULT_DOC_LIMIT, DocLimit, RawChunk, Unit, path_not_found, units_of_groups
+from .base import DEFAULT_DOC_LIMIT, DocLimit, GroupedReader, RawChunk, path_not_found
 from ..errors import SourceError
 from .parquet import ParquetReader
 
@@ -222,7 +222,7 @@ def list_files(fs: fsspec.AbstractFileSystem, root: str, source: str, pattern: s
     return _Finder(fs, source, split or DEFAULT_SPLIT, config).files(root)
 
 
-class HfReader:
+class HfReader(GroupedReader):
     """Reads the files of an ``hf`` source: Arrow IPC files with :class:`ArrowReader`, Parquet files with
     :class:`ParquetReader` (record batches / row groups as groups, the same units as either format)."""
 
@@ -230,23 +230,18 @@ class HfReader:
                  cache_bytes: int = 1 << 30, tokens_field: str | None = None,
                  doc_limit: DocLimit = DEFAULT_DOC_LIMIT, columns: Sequence[str] | None = None) -> None:
         self.text_field = tokens_field or text_field  # the record field of a one-column source
+        self.chunk_rows = chunk_rows
         self.arrow = ArrowReader(fs, source, text_field, chunk_rows, cache_bytes, tokens_field, doc_limit, columns)
         self.parquet = ParquetReader(fs, source, text_field, chunk_rows, cache_bytes, tokens_field, doc_limit, columns)
 
     def _reader(self, path: str) -> Any:
         return self.parquet if path.endswith(".parquet") else self.arrow
 
-    def _starts(self, path: str) -> np.ndarray:
-        return self.parquet.row_group_starts(path) if path.endswith(".parquet") else self.arrow.group_starts(path)
+    def group_starts(self, path: str) -> np.ndarray:
+        return self._reader(path).group_starts(path)
 
     def column_names(self, path: str) -> list[str]:
         return self._reader(path).column_names(path)
-
-    def split_units(self, files: Sequence[str], lanes: int) -> list[Unit]:
-        return units_of_groups(files, lanes, self._starts)
-
-    def chunk_bounds(self, path: str, unit: Unit, cursor: int) -> list[tuple[int, int]]:
-        return self._reader(path).chunk_bounds(path, unit, cursor)
 
     def read(self, path: str, start: int, end: int) -> RawChunk:
         return self._reader(path).read(path, start, end)

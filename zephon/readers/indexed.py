@@ -36,7 +36,7 @@ import json
 import math
 import posixpath
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import fsspec
 import numpy as np
@@ -72,7 +72,6 @@ class Shard:
 class IndexedReader:
     """Shared planning and reading for shard formats with an ``index.json`` (see the module docstring)."""
 
-    kind = "?"  # recipe format name
     label = "?"  # for messages
     shard_word = "shard"  # what the format calls its shards (LitData: chunk)
     exact_end = True  # the last sample ends where the shard ends (LitData may append a footer)
@@ -146,6 +145,22 @@ class IndexedReader:
                               f"a relative path inside the dataset's folder. The index is corrupt or hostile: "
                               f"re-write the dataset.")
         return name
+
+    @classmethod
+    def entries(cls, items: list, index_path: str, source: str,
+                parse: Callable[[int, Any], ShardMeta]) -> list[ShardMeta]:
+        """``parse(k, item)`` of each shard entry of an index, its counts checked (:meth:`checked`); an entry
+        that ``parse`` cannot read (a key missing, a value of the wrong type) is an error naming the index."""
+        out = []
+        for k, item in enumerate(items):
+            try:
+                meta = parse(k, item)
+            except (KeyError, TypeError, ValueError, AttributeError) as exc:
+                raise SourceError(f"source '{source}': {index_path}, {cls.shard_word} #{k}: not a valid {cls.label} "
+                                  f"{cls.shard_word} entry ({type(exc).__name__}: {exc}). The index is corrupt: "
+                                  f"re-write the dataset.") from exc
+            out.append(cls.checked(meta, source, k))
+        return out
 
     @classmethod
     def checked(cls, meta: ShardMeta, source: str, k: int) -> ShardMeta:

@@ -101,17 +101,15 @@ class JsonlReader:
         parts = math.ceil(lanes / len(files)) if few else 1
         units = []
         for i, path in enumerate(files):
-            if compression_of(path):
-                if not few:
-                    units.append(Unit(i, 0, -1))
-                    continue
-                total = len(self._all_lines(path))
-            else:
+            if not compression_of(path):
                 total = self._size(path)
                 parts_i = max(parts, math.ceil(total / self.unit_bytes))
-                units += [Unit(i, a, b) for a, b in split_evenly(0, total, parts_i)]
+            elif few:
+                total, parts_i = len(self._all_lines(path)), parts
+            else:
+                units.append(Unit(i, 0, -1))
                 continue
-            units += [Unit(i, a, b) for a, b in split_evenly(0, total, parts)]
+            units += [Unit(i, a, b) for a, b in split_evenly(0, total, parts_i)]
         return units
 
     def chunk_bounds(self, path: str, unit: Unit, cursor: int) -> list[tuple[int, int]]:

@@ -32,22 +32,13 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 import pyarrow as pa
 
-from .base import DEFAULT_DOC_LIMIT, DocLimit, LRU, first_line, native_failure, path_not_found
+from .base import DEFAULT_DOC_LIMIT, DocLimit, LRU, first_line, native_failure, optional_import, path_not_found
 from ..errors import SourceError
 from .columnar import ColumnarReader, combined
 
 _MARK = "#fragment="
 # s3fs's option names and Lance's (object_store's) for the same thing.
 _S3FS_NAMES = {"key": "aws_access_key_id", "secret": "aws_secret_access_key", "token": "aws_session_token"}
-
-
-def _lance(source: str) -> Any:
-    try:
-        import lance
-    except ImportError as exc:
-        raise SourceError(f"source '{source}': format 'lance' needs the pylance package (python -m pip install -e "
-                          f"'.[lance]', run from a Zephon checkout): {exc}") from exc
-    return lance
 
 
 def fragment_path(uri: str, fragment_id: int) -> str:
@@ -147,8 +138,6 @@ def list_fragments(name: str, read: Any, origin: str) -> list[str]:
 class LanceReader(ColumnarReader):
     """Reads ``text_field`` (or ``tokens_field``, or ``columns``) of the fragments of Lance datasets."""
 
-    kind = "Lance"
-
     def __init__(self, source: str, text_field: str, chunk_rows: int, cache_bytes: int = 1 << 30,
                  tokens_field: str | None = None, doc_limit: DocLimit = DEFAULT_DOC_LIMIT,
                  columns: Sequence[str] | None = None, storage_options: Mapping[str, Any] | None = None) -> None:
@@ -160,7 +149,7 @@ class LanceReader(ColumnarReader):
     # -- metadata ------------------------------------------------------------------------------------------
     def dataset(self, uri: str) -> Any:
         def make() -> Any:
-            lance = _lance(self.source)
+            lance = optional_import("lance", self.source, "lance", "pylance", "lance")
             opts = storage_options_for_lance(self.storage_options, uri, self.source)
             try:
                 return lance.dataset(uri, storage_options=opts)

@@ -45,13 +45,12 @@ from typing import Any
 
 import numpy as np
 
-from .base import TokenRows
+from .base import TokenRows, optional_import
 from ..errors import SourceError
 from .indexed import IndexedReader, ShardMeta
 from .tokens import byte_token_rows
 
 _LOADERS = ("PyTreeLoader", "TokensLoader")
-_INSTALL = "python -m pip install -e '.[formats]', run from a Zephon checkout"
 # Leaf formats Zephon decodes itself (module docstring); every other format is refused, never decoded.
 _TEXT_FORMATS = ("str", "text", "json")
 _RAW_IDS = ("no_header_numpy", "no_header_tensor")  # the name carries the dtype: 'no_header_numpy:2'
@@ -61,30 +60,19 @@ _RAW_BYTES = ("bytes", "jpeg", "image")  # leaves whose stored bytes are the val
 _MAX_DEPTH = 64  # nesting of a data_spec
 
 
-def _litdata(source: str) -> Any:
-    """litdata's dtype tables (plain data: index -> numpy / torch dtype)."""
-    try:
-        import litdata.constants as constants
-    except ImportError as exc:
-        raise SourceError(f"source '{source}': format 'litdata' needs the litdata package ({_INSTALL}): "
-                          f"{exc}") from exc
-    return constants
-
-
 def _codecs(source: str) -> Any:
     try:
         import litdata.streaming.compression as compression
         import litdata.streaming.framed_zstd as framed
     except ImportError as exc:
-        raise SourceError(f"source '{source}': compressed LitData chunks need the litdata package "
-                          f"({_INSTALL}): {exc}") from exc
+        raise SourceError(f"source '{source}': compressed LitData chunks need the litdata package (python -m pip "
+                          f"install -e '.[formats]', run from a Zephon checkout): {exc}") from exc
     return compression, framed
 
 
 class LitDataReader(IndexedReader):
     """Reads one leaf (text or token ids) of the items of LitData chunks."""
 
-    kind = "litdata"
     label = "LitData"
     shard_word = "chunk"
     exact_end = False  # chunks of JSON-typed items may end with an Arrow footer after the items
@@ -119,23 +107,15 @@ class LitDataReader(IndexedReader):
             raise SourceError(f"source '{source}': {index_path} uses compression_level='{level}', which zephon "
                               f"does not read. Re-optimize with compression_level 'batch', 'sample' or 'chunk'.")
         in_file = bool(config.get("compression")) and level in ("batch", "sample")
-        out = []
-        for k, chunk in enumerate(data["chunks"]):
-            try:
-                size = None if chunk.get("chunk_bytes") is None else int(chunk["chunk_bytes"])
-                # chunk_bytes is the decoded size for whole-file compression, the stored size otherwise
-                meta = ShardMeta(name=cls.shard_name(chunk["filename"], index_path, source, k),
-                                 samples=int(chunk["chunk_size"]), nbytes=None if in_file else size,
-                                 stored_bytes=size if in_file else None,
-                                 compression=config.get("compression") or None, index=index_path, info=config)
-            except SourceError:
-                raise
-            except (KeyError, TypeError, ValueError, AttributeError) as exc:
-                raise SourceError(f"source '{source}': {index_path}, chunk #{k}: not a valid LitData chunk entry "
-                                  f"({type(exc).__name__}: {exc}). The index is corrupt: re-write the "
-                                  f"dataset.") from exc
-            out.append(cls.checked(meta, source, k))
-        return out
+
+        def entry(k: int, chunk: Any) -> ShardMeta:
+            size = None if chunk.get("chunk_bytes") is None else int(chunk["chunk_bytes"])
+            # chunk_bytes is the decoded size for whole-file compression, the stored size otherwise
+            return ShardMeta(name=cls.shard_name(chunk["filename"], index_path, source, k),
+                             samples=int(chunk["chunk_size"]), nbytes=None if in_file else size,
+                             stored_bytes=size if in_file else None,
+                             compression=config.get("compression") or None, index=index_path, info=config)
+        return cls.entries(data["chunks"], index_path, source, entry)
 
     def inflate(self, raw: bytes, meta: ShardMeta, path: str) -> bytes:
         """A compressed chunk back in the plain layout, decoded with litdata's codecs."""
@@ -264,7 +244,8 @@ class LitDataReader(IndexedReader):
                 return self.texts(buf, a, b, path, first_row)
             return self._json_texts(buf, a, b, path, first_row)
         if name in _RAW_IDS:
-            return byte_token_rows(buf, a, b, self._raw_dtype(fmt, path), self.source, path, self.field, first_row)
+            dtype = self._int_dtype(name, int(fmt.partition(":")[2]), path)
+            return byte_token_rows(buf, a, b, dtype, self.source, path, self.field, first_row)
         if name in ("numpy", "tensor"):
             return self._headed_rows(name, buf, a, b, path, first_row, meta.index)
         return self._json_tokens(buf, a, b, path, first_row)
@@ -272,7 +253,8 @@ class LitDataReader(IndexedReader):
     def _int_dtype(self, name: str, code: int, path: str, row: int | None = None) -> np.dtype:
         """The numpy dtype of litdata's numpy (``no_header_numpy``, ``numpy``) or torch dtype ``code``;
         only integer dtypes: token ids."""
-        constants = _litdata(self.source)
+        # litdata's dtype tables (plain data: index -> numpy / torch dtype)
+        constants = optional_import("litdata.constants", self.source, "litdata", "litdata", "formats")
         where = f"{self._name(path)}" + ("" if row is None else f", sample {row}")
         try:
             if name in ("no_header_numpy", "numpy"):
@@ -288,10 +270,6 @@ class LitDataReader(IndexedReader):
             raise SourceError(f"{where}: field '{self.field}' holds {dtype} values, not integer token ids. Point "
                               f"tokens_field at a token-id array field.")
         return dtype
-
-    def _raw_dtype(self, fmt: str, path: str) -> np.dtype:
-        name, _, code = fmt.partition(":")
-        return self._int_dtype(name, int(code), path)
 
     def _headed_rows(self, name: str, buf: np.ndarray, a: np.ndarray, b: np.ndarray, path: str, first_row: int,
                      index: str) -> TokenRows:

@@ -48,7 +48,6 @@ _RAW_BYTES = ("bytes", "jpeg", "png")  # encodings whose stored bytes are the va
 class MdsReader(IndexedReader):
     """Reads one ``str`` (text) or ``ndarray`` (token ids) column of MDS shards."""
 
-    kind = "mds"
     label = "MDS"
     exact_end = True
 
@@ -60,38 +59,30 @@ class MdsReader(IndexedReader):
         if not isinstance(data, dict) or not isinstance(data.get("shards"), list):
             raise SourceError(f"source '{source}': {index_path} is not an MDS index (no 'shards' list). Point "
                               f"sources.path at a dataset written by mosaicml-streaming's MDSWriter.")
-        out = []
-        for k, shard in enumerate(data["shards"]):
-            try:
-                fmt = shard.get("format")
-                if fmt != "mds":
-                    raise SourceError(f"source '{source}': {index_path}, shard #{k} has format '{fmt}'; zephon "
-                                      f"reads MDS shards (format 'mds', written by MDSWriter), not the "
-                                      f"JSON/CSV shards of the other streaming writers.")
-                raw, zipped = shard["raw_data"], shard.get("zip_data")
-                compression = shard.get("compression") if zipped else None
-                names, encodings, sizes = shard["column_names"], shard["column_encodings"], shard["column_sizes"]
-                if not (len(names) == len(encodings) == len(sizes)):
-                    raise ValueError("column_names, column_encodings and column_sizes differ in length")
-                if not all(isinstance(x, str) for x in [*names, *encodings]):
-                    raise ValueError("a column name or encoding is not a string")
-                sizes = [None if s is None else int(s) for s in sizes]
-                if any(s is not None and s < 0 for s in sizes):
-                    raise ValueError(f"negative column_sizes {sizes}")
-                meta = ShardMeta(
-                    name=cls.shard_name((zipped or raw)["basename"], index_path, source, k),
-                    samples=int(shard["samples"]), nbytes=int(raw["bytes"]), compression=compression,
-                    index=index_path,
-                    stored_bytes=int(zipped["bytes"]) if zipped and zipped.get("bytes") is not None else None,
-                    info={"names": list(names), "encodings": list(encodings), "sizes": sizes})
-                out.append(cls.checked(meta, source, k))
-            except SourceError:
-                raise
-            except (KeyError, TypeError, ValueError, AttributeError) as exc:
-                raise SourceError(f"source '{source}': {index_path}, shard #{k}: not a valid MDS shard entry "
-                                  f"({type(exc).__name__}: {exc}). The index is corrupt: re-write the "
-                                  f"dataset.") from exc
-        return out
+
+        def entry(k: int, shard: Any) -> ShardMeta:
+            fmt = shard.get("format")
+            if fmt != "mds":
+                raise SourceError(f"source '{source}': {index_path}, shard #{k} has format '{fmt}'; zephon "
+                                  f"reads MDS shards (format 'mds', written by MDSWriter), not the "
+                                  f"JSON/CSV shards of the other streaming writers.")
+            raw, zipped = shard["raw_data"], shard.get("zip_data")
+            compression = shard.get("compression") if zipped else None
+            names, encodings, sizes = shard["column_names"], shard["column_encodings"], shard["column_sizes"]
+            if not (len(names) == len(encodings) == len(sizes)):
+                raise ValueError("column_names, column_encodings and column_sizes differ in length")
+            if not all(isinstance(x, str) for x in [*names, *encodings]):
+                raise ValueError("a column name or encoding is not a string")
+            sizes = [None if s is None else int(s) for s in sizes]
+            if any(s is not None and s < 0 for s in sizes):
+                raise ValueError(f"negative column_sizes {sizes}")
+            return ShardMeta(
+                name=cls.shard_name((zipped or raw)["basename"], index_path, source, k),
+                samples=int(shard["samples"]), nbytes=int(raw["bytes"]), compression=compression,
+                index=index_path,
+                stored_bytes=int(zipped["bytes"]) if zipped and zipped.get("bytes") is not None else None,
+                info={"names": list(names), "encodings": list(encodings), "sizes": sizes})
+        return cls.entries(data["shards"], index_path, source, entry)
 
     def column_kind(self, meta: ShardMeta, name: str, path: str) -> str:
         names, encodings = meta.info["names"], meta.info["encodings"]

@@ -89,8 +89,6 @@ def list_table(name: str, read: Any, origin: str) -> list[str]:
 class MemoryReader(ColumnarReader):
     """Reads an in-memory source's table (decoded once per process from its IPC bytes)."""
 
-    kind = "in-memory"
-
     def __init__(self, source: str, payload: bytes, text_field: str, chunk_rows: int, cache_bytes: int = 1 << 30,
                  tokens_field: str | None = None, doc_limit: DocLimit = DEFAULT_DOC_LIMIT,
                  columns: Sequence[str] | None = None) -> None:

@@ -13,21 +13,20 @@ metadata is never read (no ``to_pandas``).
 from __future__ import annotations
 
 import threading
-from typing import Any, Sequence
+from typing import Sequence
 
 import fsspec
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from .base import DEFAULT_DOC_LIMIT, DocLimit, LRU, RawChunk, Unit, chunks_in_groups, limit_text_column, units_of_groups
+from .base import DEFAULT_DOC_LIMIT, DocLimit, GroupedReader, LRU, RawChunk, is_local, limit_text_column, row_starts
 from ..errors import SourceError
-from .tokens import arrow_token_rows, is_token_list_type
+from .columnar import checked_type, column_values, missing_column
+from .tokens import arrow_token_rows
 
-_TEXT_TYPES = (pa.types.is_string, pa.types.is_large_string, pa.types.is_string_view)
 
-
-class ParquetReader:
+class ParquetReader(GroupedReader):
     """Reads ``text_field`` (or, pre-tokenized, the list column ``tokens_field``) of Parquet files;
     coordinates are row numbers within a file."""
 
@@ -42,7 +41,7 @@ class ParquetReader:
         self.chunk_rows = chunk_rows
         self.doc_limit = doc_limit  # [read] max_doc_bytes / oversize, applied to texts
         self._files = LRU(256)  # (path, thread) -> ParquetFile: every lane's file, per worker thread
-        # Decoded text columns of row groups, shared by this process's lanes and threads.
+        # Decoded columns of row groups, shared by this process's lanes and threads.
         self._columns = LRU(1024, max_size=cache_bytes, size_of=lambda col: col.nbytes)
 
     # -- metadata -------------------------------------------------------------------------------
@@ -51,7 +50,7 @@ class ParquetReader:
         calls on one shared handle are not thread-safe in pyarrow (they crash)."""
         def make() -> pq.ParquetFile:
             try:
-                handle = path if _is_local(self.fs) else self.fs.open(path, "rb")
+                handle = path if is_local(self.fs) else self.fs.open(path, "rb")
                 return pq.ParquetFile(handle)
             except FileNotFoundError as exc:
                 raise SourceError(f"source '{self.source}': file {path} is missing; it was listed when "
@@ -61,94 +60,42 @@ class ParquetReader:
                                   f"Re-write or remove the file.") from exc
         return self._files.get((path, threading.get_ident()), make)
 
-    def row_group_starts(self, path: str) -> np.ndarray:
+    def group_starts(self, path: str) -> np.ndarray:
         """Cumulative row offsets of the row groups of ``path``: [0, n0, n0+n1, ..., total]."""
         meta = self._open(path).metadata
-        sizes = [meta.row_group(i).num_rows for i in range(meta.num_row_groups)]
-        return np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)]).astype(np.int64)
+        return row_starts([meta.row_group(i).num_rows for i in range(meta.num_row_groups)])
+
+    row_group_starts = group_starts  # Parquet's own name for them
 
     def column_names(self, path: str) -> list[str]:
         """The columns of ``path`` (from its footer)."""
         return list(self._open(path).schema_arrow.names)
 
-    # -- planning -------------------------------------------------------------------------------
-    def split_units(self, files: Sequence[str], lanes: int) -> list[Unit]:
-        return units_of_groups(files, lanes, self.row_group_starts)
-
-    def chunk_bounds(self, path: str, unit: Unit, cursor: int) -> list[tuple[int, int]]:
-        return chunks_in_groups(self.row_group_starts(path), unit, cursor, self.chunk_rows)
-
     # -- reading (runs on workers) ---------------------------------------------------------------
-    def _column(self, path: str, rg: int) -> pa.Array:
-        def make() -> pa.Array:
-            pf = self._open(path)
-            names = pf.schema_arrow.names
-            if self.text_field not in names:
-                key, what = ("tokens_field", "token ids") if self.tokens_field else ("text_field", "text")
-                raise SourceError(f"source '{self.source}': {path} has no column '{self.text_field}' "
-                                  f"(columns: {', '.join(names)}). Set {key} of this source to the "
-                                  f"column that holds the {what}.")
-            try:
-                table = pf.read_row_group(rg, columns=[self.text_field])
-            except (pa.ArrowInvalid, OSError) as exc:
-                raise SourceError(f"source '{self.source}': cannot read row group {rg} of {path} ({exc}). "
-                                  f"The file is corrupt or truncated: re-write or remove it.") from exc
-            col = table.column(0).combine_chunks()
-            if self.tokens_field:
-                if not is_token_list_type(col.type):
-                    raise SourceError(f"source '{self.source}': column '{self.text_field}' of {path} has type "
-                                      f"{col.type}, not a list of integer token ids. Point tokens_field at a "
-                                      f"token-id column, or use text_field for a text column.")
-                return col
-            if not any(check(col.type) for check in _TEXT_TYPES):
-                raise SourceError(f"source '{self.source}': column '{self.text_field}' of {path} has type "
-                                  f"{col.type}, not a string. Point text_field at a text column.")
-            return col
-        return self._columns.get((path, rg), make)
-
-    def _named_column(self, path: str, rg: int, name: str) -> pa.Array:
-        """One column of a row group (any type), for sources read with ``columns=``."""
+    def _column(self, path: str, rg: int, name: str) -> pa.Array:
+        """Column ``name`` of row group ``rg``: any type with ``columns=``, else the text or token-id column."""
         def make() -> pa.Array:
             pf = self._open(path)
             names = pf.schema_arrow.names
             if name not in names:
-                raise SourceError(f"source '{self.source}': {path} has no column '{name}' (columns: "
-                                  f"{', '.join(names)}). Fix the source's columns.")
+                raise missing_column(self.source, path, name, names, None if self.columns else bool(self.tokens_field))
             try:
-                return pf.read_row_group(rg, columns=[name]).column(0).combine_chunks()
+                col = pf.read_row_group(rg, columns=[name]).column(0).combine_chunks()
             except (pa.ArrowInvalid, OSError) as exc:
                 raise SourceError(f"source '{self.source}': cannot read row group {rg} of {path} ({exc}). "
                                   f"The file is corrupt or truncated: re-write or remove it.") from exc
+            return col if self.columns else checked_type(col, bool(self.tokens_field), self.source, path, name)
         return self._columns.get((path, rg, name), make)
 
-    def _read_columns(self, path: str, rg: int, offset: int, start: int, end: int) -> dict[str, Any]:
-        """Each requested column of rows [start, end): texts (size guard applied), token ids, other values."""
-        out: dict[str, Any] = {}
-        for name in self.columns or ():
-            col = self._named_column(path, rg, name).slice(offset, end - start)
-            if any(check(col.type) for check in _TEXT_TYPES):
-                out[name] = limit_text_column(col, self.doc_limit, self.source, path, start)
-            elif is_token_list_type(col.type):
-                out[name] = arrow_token_rows(col, self.source, path, name, start)
-            else:
-                out[name] = col.to_pylist()
-        return out
-
     def read(self, path: str, start: int, end: int) -> RawChunk:
-        starts = self.row_group_starts(path)
-        rg = int(np.searchsorted(starts, start, side="right") - 1)
-        if end < 0:
-            end = int(starts[rg + 1])
-        if end > starts[rg + 1]:
-            raise AssertionError(f"chunk [{start}, {end}) crosses a row group of {path}")
+        starts, rg, end = self.group_of(path, start, end, "row group")
         cursors = np.arange(start + 1, end + 1, dtype=np.int64)
+        offset = start - int(starts[rg])
         if self.columns:
-            return RawChunk([], cursors, end, columns=self._read_columns(path, rg, start - int(starts[rg]), start, end))
-        col = self._column(path, rg).slice(start - int(starts[rg]), end - start)
+            return RawChunk([], cursors, end, columns={
+                name: column_values(self._column(path, rg, name).slice(offset, end - start), name, self.source, path,
+                                    start, self.doc_limit) for name in self.columns})
+        col = self._column(path, rg, self.text_field).slice(offset, end - start)
         if self.tokens_field:
             return RawChunk([], cursors, end, tokens=arrow_token_rows(col, self.source, path, self.text_field, start))
         return RawChunk(limit_text_column(col, self.doc_limit, self.source, path, start), cursors, end)
-
-
-def _is_local(fs: fsspec.AbstractFileSystem) -> bool:
-    return "file" in (fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,))

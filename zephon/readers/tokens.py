@@ -26,11 +26,8 @@ def is_token_list_type(t: pa.DataType) -> bool:
     return any(check(t) for check in _LIST_TYPES) and pa.types.is_integer(t.value_type)
 
 
-def arrow_token_rows(col: pa.Array | pa.ChunkedArray, source: str, path: str, field: str,
-                     first_row: int) -> TokenRows:
+def arrow_token_rows(col: pa.Array, source: str, path: str, field: str, first_row: int) -> TokenRows:
     """Rows of an Arrow list-of-integers column (``first_row``: the file row of ``col[0]``, for messages)."""
-    if isinstance(col, pa.ChunkedArray):
-        col = col.combine_chunks()
     if not is_token_list_type(col.type):
         raise SourceError(f"source '{source}': column '{field}' of {path} has type {col.type}, not a list of "
                           f"integer token ids. Point tokens_field at a token-id column (list<int32> or similar), "

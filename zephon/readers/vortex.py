@@ -18,29 +18,19 @@ Python object is ever unpickled from it, and only a string or integer-list colum
 from __future__ import annotations
 
 import threading
-from typing import Any, Sequence
+from typing import Any
 
 import fsspec
 import numpy as np
 import pyarrow as pa
 
-from .base import LRU, RawChunk, Unit, chunks_in_groups, first_line, native_failure, units_of_groups
+from .base import GroupedReader, LRU, RawChunk, first_line, is_local, native_failure, optional_import
 from ..errors import SourceError
-from .tokens import arrow_token_rows, is_token_list_type
-
-_TEXT_TYPES = (pa.types.is_string, pa.types.is_large_string, pa.types.is_string_view)
-
-
-def _vortex(source: str) -> Any:
-    try:
-        import vortex
-    except ImportError as exc:
-        raise SourceError(f"source '{source}': format 'vortex' needs the vortex-data package "
-                          f"(python -m pip install -e '.[formats]', run from a Zephon checkout): {exc}") from exc
-    return vortex
+from .columnar import checked_type, missing_column
+from .tokens import arrow_token_rows
 
 
-class VortexReader:
+class VortexReader(GroupedReader):
     """Reads ``text_field`` (or the token-id list column ``tokens_field``) of Vortex files."""
 
     def __init__(self, fs: fsspec.AbstractFileSystem, source: str, text_field: str, chunk_rows: int,
@@ -58,9 +48,9 @@ class VortexReader:
     def _open(self, path: str) -> Any:
         """A VortexFile for ``path`` owned by the calling thread."""
         def make() -> tuple[Any, Any]:
-            vx = _vortex(self.source)
+            vx = optional_import("vortex", self.source, "vortex", "vortex-data", "formats")
             try:
-                if "file" in (self.fs.protocol if isinstance(self.fs.protocol, tuple) else (self.fs.protocol,)):
+                if is_local(self.fs):
                     if not self.fs.exists(path):
                         raise FileNotFoundError(path)
                     return vx.open(path), None
@@ -79,7 +69,7 @@ class VortexReader:
                                   f"it.") from exc
         return self._files.get((path, threading.get_ident()), make)[0]
 
-    def split_starts(self, path: str) -> np.ndarray:
+    def group_starts(self, path: str) -> np.ndarray:
         """Row offsets of the file's splits: [0, end of split 0, ..., rows]."""
         def make() -> np.ndarray:
             f = self._open(path)
@@ -97,24 +87,14 @@ class VortexReader:
             return np.asarray(edges, dtype=np.int64)
         return self._starts.get(path, make)
 
-    # -- planning -------------------------------------------------------------------------------
-    def split_units(self, files: Sequence[str], lanes: int) -> list[Unit]:
-        return units_of_groups(files, lanes, self.split_starts)
-
-    def chunk_bounds(self, path: str, unit: Unit, cursor: int) -> list[tuple[int, int]]:
-        return chunks_in_groups(self.split_starts(path), unit, cursor, self.chunk_rows)
-
     # -- reading (runs on workers) ---------------------------------------------------------------
     def _column(self, path: str, split: int) -> pa.Array:
         def make() -> pa.Array:
             f = self._open(path)
             names = list(f.dtype.names())
             if self.field not in names:
-                key, what = ("tokens_field", "token ids") if self.tokens else ("text_field", "text")
-                raise SourceError(f"source '{self.source}': {path} has no column '{self.field}' (columns: "
-                                  f"{', '.join(names)}). Set {key} of this source to the column that holds the "
-                                  f"{what}.")
-            starts = self.split_starts(path)
+                raise missing_column(self.source, path, self.field, names, self.tokens)
+            starts = self.group_starts(path)
             a, b = int(starts[split]), int(starts[split + 1])
             try:
                 arr = f.to_repeated_scan(projection=[self.field]).execute(row_range=(a, b)).read_all()
@@ -132,24 +112,11 @@ class VortexReader:
             if len(col) != b - a:
                 raise SourceError(f"source '{self.source}': Vortex file {path} returned {len(col)} rows for rows "
                                   f"{a}..{b}. The file is corrupt: re-write it.")
-            if self.tokens:
-                if not is_token_list_type(col.type):
-                    raise SourceError(f"source '{self.source}': column '{self.field}' of {path} has type "
-                                      f"{col.type}, not a list of integer token ids. Point tokens_field at a "
-                                      f"token-id column, or use text_field for a text column.")
-            elif not any(check(col.type) for check in _TEXT_TYPES):
-                raise SourceError(f"source '{self.source}': column '{self.field}' of {path} has type {col.type}, "
-                                  f"not a string. Point text_field at a text column.")
-            return col
+            return checked_type(col, self.tokens, self.source, path, self.field)
         return self._columns.get((path, split), make)
 
     def read(self, path: str, start: int, end: int) -> RawChunk:
-        starts = self.split_starts(path)
-        split = int(np.searchsorted(starts, start, side="right") - 1)
-        if end < 0:
-            end = int(starts[split + 1])
-        if end > starts[split + 1]:
-            raise AssertionError(f"chunk [{start}, {end}) crosses a split of {path}")
+        starts, split, end = self.group_of(path, start, end, "split")
         col = self._column(path, split).slice(start - int(starts[split]), end - start)
         cursors = np.arange(start + 1, end + 1, dtype=np.int64)
         if self.tokens:

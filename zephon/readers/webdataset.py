@@ -51,7 +51,7 @@ import fsspec
 import numpy as np
 from fsspec.implementations.local import LocalFileSystem
 
-from .base import DEFAULT_DOC_LIMIT, DocLimit, LRU, RawChunk, Unit, chunks_in_groups, units_of_groups, utf8_prefix
+from .base import DEFAULT_DOC_LIMIT, DocLimit, GroupedReader, LRU, RawChunk, utf8_prefix
 from ..errors import SourceError
 from .open_files import OpenFiles
 from .tar_headers import BLOCK, number_field, scan_members
@@ -287,7 +287,7 @@ def parse_columns(columns: Sequence[str] | None) -> list[tuple[str, tuple[str, .
     return out
 
 
-class WebDatasetReader:
+class WebDatasetReader(GroupedReader):
     """Reads samples of WebDataset tar shards (see the module docstring); coordinates are sample numbers."""
 
     def __init__(self, fs: fsspec.AbstractFileSystem, source: str, columns: Sequence[str] | None, chunk_rows: int,
@@ -339,14 +339,9 @@ class WebDatasetReader:
         return index
 
     # -- planning --------------------------------------------------------------------------------------
-    def _starts(self, path: str) -> np.ndarray:
+    def group_starts(self, path: str) -> np.ndarray:
+        """A shard is one group of samples: [0, samples]."""
         return np.asarray([0, len(self.index(path))], dtype=np.int64)
-
-    def split_units(self, files: Sequence[str], lanes: int) -> list[Unit]:
-        return units_of_groups(files, lanes, self._starts)
-
-    def chunk_bounds(self, path: str, unit: Unit, cursor: int) -> list[tuple[int, int]]:
-        return chunks_in_groups(self._starts(path), unit, cursor, self.chunk_rows)
 
     # -- reading (on workers) --------------------------------------------------------------------------
     def _wanted(self, index: ShardIndex, start: int, end: int) -> tuple[list[str], list[np.ndarray]]:
