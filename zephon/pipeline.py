@@ -150,8 +150,7 @@ class Pipeline:
             PipelineError: a value out of range, or ``batch_per_lane``, ``pixels``, ``positions`` or
                 ``provenance`` for a pipeline that has no ``batch()``.
         """
-        new = copy.copy(self)
-        new._compiled = None
+        new = self._with()
         fresh = Pipeline(self.seed if seed is None else seed, self.lanes if lanes is None else lanes,
                          flush_every=self.flush_every if flush_every is None else flush_every,
                          flush_by=self.flush_by if flush_by is None else flush_by)
@@ -639,7 +638,7 @@ class Pipeline:
                                    provenance=provenance))
 
     # -- what the rest of Zephon reads ------------------------------------------------------------------------
-    def _find(self, cls: type) -> Any:
+    def _find(self, cls: type | tuple[type, ...]) -> Any:
         return next((op for op in self._ops if isinstance(op, cls)), None)
 
     @property
@@ -666,7 +665,7 @@ class Pipeline:
     @property
     def tokenizer(self) -> TokenizerSpec | None:
         """The tokenizer of the first tokenizing operator (its vocabulary and pad id size a model)."""
-        op = next((op for op in self._ops if isinstance(op, TOKENIZING_OPS)), None)
+        op = self._find(TOKENIZING_OPS)
         return None if op is None else op.spec
 
     def compile(self, plan: Any = None) -> Any:

@@ -243,10 +243,6 @@ class SourcePlan:
         """``path`` (one of :attr:`files`) relative to :attr:`root`."""
         return relative_file(path, self.root)
 
-    def make_reader(self) -> Reader:
-        """A new reader of this source (for another process: see :class:`ReaderFactory`)."""
-        return ReaderFactory(self.spec, self.storage)()
-
     def check_has_text(self) -> None:
         """Refuse a source without text now, rather than let every lane give up on it after some steps.
 
@@ -430,5 +426,3 @@ def _has_text(raw: RawChunk) -> bool:
     rows = raw.tokens
     lengths = rows.offsets[1:] - rows.offsets[:-1]
     return bool(((lengths > 0) & rows.valid).any() if rows.valid is not None else (lengths > 0).any())
-
-

@@ -237,13 +237,10 @@ class Chunk:
         if k:
             self.counts[name] = self.counts.get(name, 0) + k
 
-    def record_cursor(self, j: int) -> int:
-        """The reader cursor where record ``j`` starts (for messages naming a row or byte)."""
-        return int(self.resume_cursor[j - 1]) if j else self.start_cursor
-
     def where(self, j: int) -> str:
-        """``"<path>, row 12"``: where record ``j`` comes from, for error messages."""
-        return f"{self.path}, {self.coord} {self.record_cursor(j)}"
+        """``"<path>, row 12"``: where record ``j`` comes from (the reader cursor where it starts), for error
+        messages."""
+        return f"{self.path}, {self.coord} {int(self.resume_cursor[j - 1]) if j else self.start_cursor}"
 
     # -- selection and expansion ------------------------------------------------------------------
     def select(self, keep: np.ndarray, renumber: bool = True) -> "Chunk":
@@ -324,13 +321,18 @@ class Chunk:
         cols = [self.columns[k].to_pylist() if isinstance(self.columns[k], TokenColumn) else self.columns[k]
                 for k in names]
         out = [dict(zip(names, values)) for values in zip(*cols)] if names else [{} for _ in range(self.n)]
-        if self.token_fields:
-            assert self.offsets is not None
-            bounds = list(zip(self.offsets[:-1].tolist(), self.offsets[1:].tolist()))
-            for name, flat in self.token_fields.items():
-                for rec, (a, b) in zip(out, bounds):
-                    rec[name] = flat[a:b]
+        for name, values in self.token_columns().items():
+            for rec, value in zip(out, values):
+                rec[name] = value
         return out
+
+    def token_columns(self) -> dict[str, list[np.ndarray]]:
+        """The per-token fields as columns: one array view per record."""
+        if not self.token_fields:
+            return {}
+        assert self.offsets is not None
+        bounds = list(zip(self.offsets[:-1].tolist(), self.offsets[1:].tolist()))
+        return {name: [flat[a:b] for a, b in bounds] for name, flat in self.token_fields.items()}
 
     def docs(self) -> Iterator[Doc]:
         """The chunk's documents as :class:`Doc` objects (tail labels, source index and origin attached)."""
@@ -346,10 +348,7 @@ def columns_from_records(records: Sequence[Mapping[str, Any]], token_fields: Seq
     """Records back to columns: ``(columns, token_fields, offsets)``. Keys are the union in order of
     first appearance (a record without a key gets ``None``); ``token_fields`` present in the records
     are concatenated with shared offsets."""
-    keys: dict[str, None] = {}
-    for rec in records:
-        for k in rec:
-            keys.setdefault(k, None)
+    keys = dict.fromkeys(k for rec in records for k in rec)
     tnames = [k for k in keys if k in token_fields]
     columns = {k: [rec.get(k) for rec in records] for k in keys if k not in token_fields}
     if not tnames:

@@ -56,8 +56,6 @@ INSTALL_HINT = ("Ray is not installed: install Zephon's ray extra from your clon
                 "`python -m pip install -e '.[ray]'`.")
 
 
-
-
 @dataclass
 class RayOptions:
     """Options of both Ray runners (``ray_options=`` of ``build_loader``; ``address=`` is its own argument).
@@ -285,17 +283,6 @@ def reserve(link: ClusterLink, bundles: int, num_cpus: float, strategy: str, tim
     return pg
 
 
-def release(link: ClusterLink, pg: Any) -> None:
-    if pg is None or link.lost:
-        return
-    from ray.util.placement_group import remove_placement_group
-
-    try:
-        remove_placement_group(pg)
-    except Exception:  # noqa: BLE001 - closing: the cluster may already be gone
-        pass
-
-
 def stop_actors(link: ClusterLink, actors: list, calls: list, pg: Any) -> None:
     """Kill ``actors`` and give their reservation ``pg`` back, without Ray reporting ``calls`` (the refs of
     their calls still in flight; the list is emptied) as failures on this driver's console.
@@ -324,7 +311,13 @@ def stop_actors(link: ClusterLink, actors: list, calls: list, pg: Any) -> None:
             ray.kill(actor, no_restart=True)
         except Exception:  # noqa: BLE001 - dead already, or the cluster is gone
             pass
-    release(link, pg)
+    if pg is not None:
+        from ray.util.placement_group import remove_placement_group
+
+        try:
+            remove_placement_group(pg)
+        except Exception:  # noqa: BLE001 - closing: the cluster may already be gone
+            pass
 
 
 # -- the workers: actors that hold the program ---------------------------------------------------------

@@ -22,11 +22,10 @@ import numpy as np
 
 from torchdata.nodes import BaseNode
 
-from ..plan import ChunkTask, SourcePlan
-from ..errors import SourceError
+from ..errors import SourceError, StateError
 from ..ops.batch import RecordSpan
+from ..plan import ChunkTask, SourcePlan
 from ..records import IGNORE, INPUT_IDS, Chunk, Doc, TextRun
-from ..errors import StateError
 from .counters import LaneCounters
 from .executors import Executor
 from .sentinels import FlushPolicy
@@ -387,8 +386,8 @@ class SourceStream:
         return self._n - self._k if self._chunk is not None else 0
 
     def advance(self, n: int) -> bool:
-        """``n`` documents of the open chunk were taken through :meth:`text_run`: the position and counts as
-        after ``n`` calls of :meth:`take`; True when a flush is due after the last of them."""
+        """``n`` documents of the open chunk were taken (:meth:`text_run`, :meth:`take_span`): the position and
+        counts as after ``n`` calls of :meth:`take`; True when a flush is due after the last of them."""
         k = self._k + n
         self._k = k
         if k == self._n:
@@ -400,17 +399,12 @@ class SourceStream:
         """Up to ``limit`` next documents of the open chunk as one :class:`~zephon.ops.batch.RecordSpan`
         (the batched record-rows path): what ``limit`` calls of :meth:`take` would give while the chunk
         lasts, position and counts included; a flush is due after the span only where the chunk ends."""
-        chunk = self._chunk
-        if chunk is None:
+        if self._chunk is None:
             chunk, due = self._open_next()
             if chunk is None:
                 return None, due
         k = self._k
         stop = min(self._n, k + limit)
-        self._k = stop
         span = RecordSpan(self.index, k, stop, self._payloads, self._ids, self._offs, self._more_tokens,
                           self._tails, self._origins)
-        if stop == self._n:
-            return span, self._finish(chunk)
-        self.position = (self._unit_seq, self._cursors[stop - 1], self._skips[stop - 1])
-        return span, False
+        return span, self.advance(stop - k)

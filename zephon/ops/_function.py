@@ -39,7 +39,6 @@ class FunctionTransform(Transform):
         if token_fields:  # per-token fields it adds (map only): a parameter then
             self.token_fields = dict(token_fields)
 
-
     def _failed(self, exc: BaseException, where: str) -> OperatorError:
         return OperatorError(f"operator '{self.name}' ({function_id(self.fn, self.version)}) failed on {where}: "
                              f"{type(exc).__name__}: {exc}. Fix the function, or pass on_error='skip' to skip and "

@@ -109,12 +109,6 @@ class BindContext:
 
 
 # -- descriptions: every parameter as plain data ------------------------------------------------------------
-def _unnamed(fn: Callable[..., Any]) -> bool:
-    """A lambda or a function defined inside another: its qualified name does not tell it apart."""
-    qual = getattr(fn, "__qualname__", "") or ""
-    return "<" in qual
-
-
 def function_id(fn: Callable[..., Any], version: str | int | None = None) -> str:
     """How a user function enters the fingerprint: its qualified name, plus ``version`` if given.
 
@@ -173,7 +167,7 @@ def describe_value(value: Any, where: str, versioned: bool = False) -> Any:
                    for f in dataclasses.fields(value)}}
     if isinstance(value, (types.FunctionType, types.BuiltinFunctionType, types.MethodType, functools.partial)):
         target = value.func if isinstance(value, functools.partial) else value
-        if _unnamed(target) and not versioned:
+        if "<" in (getattr(target, "__qualname__", "") or "") and not versioned:  # "<lambda>", "f.<locals>.g"
             raise PipelineError(f"{where}: {target!r} is a lambda or a function defined inside another, whose name "
                                 f"does not tell it apart from others, so the fingerprint cannot cover it. Define it "
                                 f"at module level, or pass version='...' and change it whenever the function changes.")
@@ -260,12 +254,6 @@ class Operator:
         return f"{type(self).__name__}({', '.join(f'{k}={v!r:.40}' for k, v in self.params().items())})"
 
 
-def check_executor(executor: str | None, what: str) -> str | None:
-    if executor is not None and executor not in EXECUTOR_KINDS:
-        raise PipelineError(f"{what}(executor={executor!r}): use one of {EXECUTOR_KINDS} (or None: the loader's runner)")
-    return executor
-
-
 class Transform(Operator):
     """A stateless operator: a pure function of a batch of records. Subclass it and implement :meth:`apply`.
 
@@ -302,7 +290,10 @@ class Transform(Operator):
     def __init__(self, name: str | None = None, sources: Sequence[str] | None = None,
                  executor: str | None = None) -> None:
         super().__init__(name, sources)
-        self.executor = check_executor(executor, self.op or type(self).__name__)
+        if executor is not None and executor not in EXECUTOR_KINDS:
+            raise PipelineError(f"{self.op or type(self).__name__}(executor={executor!r}): use one of {EXECUTOR_KINDS} "
+                                f"(or None: the loader's runner)")
+        self.executor = executor
         """The executor kind of its stage (None: the loader's runner); not fingerprinted."""
 
     def setup(self) -> None:
@@ -330,11 +321,7 @@ class Transform(Operator):
     # -- the engine's side: built-ins override these two, which serve apply(columns) for yours --------------
     def _apply_chunk(self, chunk: Chunk) -> Chunk:
         columns = {k: v.to_pylist() if isinstance(v, TokenColumn) else v for k, v in chunk.columns.items()}
-        if chunk.token_fields:
-            assert chunk.offsets is not None
-            bounds = list(zip(chunk.offsets[:-1].tolist(), chunk.offsets[1:].tolist()))
-            for k, flat in chunk.token_fields.items():
-                columns[k] = [flat[a:b] for a, b in bounds]
+        columns.update(chunk.token_columns())
         where = f"operator '{self.name}' on {chunk.where(0) if chunk.n else chunk.path}"
         keep, counts, records = self._outcome(self.apply(columns), chunk.n, where)
         if keep is not None:
@@ -469,10 +456,7 @@ class LaneOperator(Operator):
         raise NotImplementedError(type(self))
 
 
-AccumulatorFactory = Callable[..., Any]
-
-
-def call_factory(factory: AccumulatorFactory, ctx: LaneContext) -> Any:
+def call_factory(factory: Callable[..., Any], ctx: LaneContext) -> Any:
     """``factory(ctx)``, or ``factory()`` for a factory (a class, a function) that takes no argument."""
     try:
         params = [p for p in inspect.signature(factory).parameters.values()

@@ -183,18 +183,13 @@ class DecodeImages(Transform):
             thw: list[tuple[int, int, int] | None] = []
             bad = False
             for item in items:
-                if item is None and items is value:  # a text slot of an interleaved document
-                    imgs.append(None)
-                    thw.append(None)
-                    continue
-                try:
-                    img, grid = self._one(item, root)
-                except BadImage as exc:
-                    self._bad(chunk, j, exc)
-                    bad = True
-                    imgs.append(None)
-                    thw.append(None)
-                    continue
+                img = grid = None
+                if item is not None or items is not value:  # else a text slot of an interleaved document
+                    try:
+                        img, grid = self._one(item, root)
+                    except BadImage as exc:
+                        self._bad(chunk, j, exc)
+                        bad = True
                 imgs.append(img)
                 thw.append(grid)
             if bad and self.on_bad_image == "drop_record":

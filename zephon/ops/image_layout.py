@@ -48,10 +48,6 @@ class ImageLimits:
     max_images: int | None = None
     max_patches: int | None = None
 
-    @property
-    def any(self) -> bool:
-        return self.max_images is not None or self.max_patches is not None
-
     def describe(self) -> dict[str, int]:
         return {k: v for k, v in (("max_images_per_row", self.max_images),
                                   ("max_patches_per_row", self.max_patches)) if v is not None}

@@ -50,7 +50,6 @@ class MapField(Map):
         super().__init__(fn, **kwargs)
         self.field = field
 
-
     def _apply_chunk(self, chunk: Chunk) -> Chunk:
         values = chunk.columns.get(self.field)
         if values is None or not isinstance(values, list):

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-import numpy as np
-
 from ..records import Chunk
 from ._function import FunctionTransform, keep_doc
 
@@ -18,9 +16,7 @@ class MapBatch(FunctionTransform):
     op = "map_batch"
 
     def _apply_chunk(self, chunk: Chunk) -> Chunk:
-        columns = dict(chunk.columns)
-        if chunk.token_fields:
-            columns.update({k: v for k, v in zip(chunk.token_fields, _split_tokens(chunk))})
+        columns = {**chunk.columns, **chunk.token_columns()}
         try:
             new = self.fn(columns)
         except Exception as exc:  # noqa: BLE001
@@ -42,9 +38,3 @@ class MapBatch(FunctionTransform):
         keys = list(dict.fromkeys(k for r in records for k in r))
         new = self.fn({k: [r.get(k) for r in records] for k in keys})
         return [keep_doc(old, dict(zip(new, vals))) for old, vals in zip(records, zip(*new.values()))]
-
-
-def _split_tokens(chunk: Chunk) -> list[list[np.ndarray]]:
-    assert chunk.offsets is not None
-    bounds = list(zip(chunk.offsets[:-1].tolist(), chunk.offsets[1:].tolist()))
-    return [[flat[a:b] for a, b in bounds] for flat in chunk.token_fields.values()]

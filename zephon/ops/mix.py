@@ -125,20 +125,15 @@ class Mixer(Merge):
         """Use ``weights`` (0 for a source never chosen) from now on; the counts restart."""
         self.current = list(weights)
         weights = [0.0 if s in self._ended else w for s, w in enumerate(weights)]
-        active = [w for w in weights if w > 0]
-        if not active:  # nothing left to choose from
-            self.weights = self.strides = [0] * len(weights)
-            self.total_weight, self._taken = 0, [0] * len(weights)
-            return
+        active = [w for w in weights if w > 0]  # none: nothing is left to choose from
         ints, strides = integer_weights(active), integer_strides(active)
-        self.weights, self.strides = [0] * len(weights), [0] * len(weights)
+        self.weights, self.strides, self._taken = [0] * len(weights), [0] * len(weights), [0] * len(weights)
         k = 0
         for s, w in enumerate(weights):
             if w > 0:
                 self.weights[s], self.strides[s] = ints[k], strides[k]
                 k += 1
         self.total_weight = sum(self.weights)
-        self._taken = [0] * len(weights)
 
     def _refresh(self) -> None:
         """The weights in force for the step of the next decision (a schedule or interventions)."""

@@ -305,7 +305,10 @@ class Packer(Accumulator):
                 self._place_images(doc if k == 0 else piece(doc, k, n, self._names))
 
     def _flush_bins(self) -> Row | None:
-        """Wrap the open bins' pieces into rows; emit the full ones, return the part-filled last one."""
+        """At a segment's end, wrap the open bins' pieces into rows; emit the full ones, return the part-filled one."""
+        self._replay_at_sentinel()
+        if self._held is not None:  # the segment ended before the held row filled: pad it now
+            self._release(at_push=False)
         bins, self._bins = self._bins, []
         if self.algorithm == "wrap" or len(bins) <= 1:
             self._bins = bins
@@ -481,9 +484,6 @@ class Packer(Accumulator):
                 "checkpoint's last sentinel were still to be skipped: the sources now hold different data than when "
                 "the checkpoint was written (files changed or re-tokenized), or the state's carry was edited. "
                 "Resume on the same data, from the state as it was written.")
-        self._replay_at_sentinel()
-        if self._held is not None:  # the segment ended before the held row filled: pad it now
-            self._release(at_push=False)
         last = self._flush_bins()
         if last is None:
             self._out.append(flush)
@@ -495,9 +495,6 @@ class Packer(Accumulator):
     def flush(self) -> Iterable[Any]:
         """Everything held, the last row padded: the end of a finite stream, where no next segment can
         top it up. A sentinel held with its row comes out after that row, as at a flush."""
-        self._replay_at_sentinel()
-        if self._held is not None:
-            self._release(at_push=False)
         last = self._flush_bins()
         if last is not None:
             self._emit(last, flushed=True)

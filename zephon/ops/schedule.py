@@ -203,12 +203,10 @@ def weights_in_force(schedule: Schedule | None, base: Mapping[str, float], event
     for at, weights in events:
         if at <= step and (latest is None or at >= latest[0]):
             latest = (at, weights)
-    if latest is not None:
-        return {k: float(latest[1].get(k, 0.0)) for k in base}
-    if schedule is not None:
-        w = schedule.weights_at(step)
-        return {k: float(w.get(k, 0.0)) for k in base}
-    return dict(base)
+    if latest is None and schedule is None:
+        return dict(base)
+    w = latest[1] if latest is not None else schedule.weights_at(step)
+    return {k: float(w.get(k, 0.0)) for k in base}
 
 
 # -- views: a schedule as a table, an ASCII plot and a PNG (``zephon inspect`` prints and draws them) --------

@@ -47,7 +47,32 @@ def _all_text(texts: list) -> bool:
     return set(map(type, texts)) == {str} and all(texts) and not any(map(str.isspace, texts))
 
 
-class Tokenize(Transform):
+class TokenizingTransform(Transform):
+    """What ``tokenize`` and ``tokenize_images`` share: their tokenizer (``tokenizer``, ``add_eos``, ``add_bos``),
+    loaded once per process, and the refusal of records tokenized already."""
+
+    _tok: Tokenizer | None = None
+
+    @property
+    def spec(self) -> TokenizerSpec:
+        """The tokenizer with this operator's framing (``add_eos``/``add_bos``)."""
+        changes = {k: v for k, v in (("add_eos", self.add_eos), ("add_bos", self.add_bos)) if v is not None}
+        return replace(self.tokenizer, **changes) if changes else self.tokenizer
+
+    @property
+    def loaded(self) -> Tokenizer:
+        """The loaded tokenizer (one per process and spec)."""
+        if self._tok is None:
+            self._tok = shared_tokenizer(self.spec)
+        return self._tok
+
+    def _refuse_tokenized(self, chunk: Chunk) -> None:
+        if INPUT_IDS in chunk.token_fields:
+            raise SourceError(f"operator '{self.name}': the records of source '{chunk.source_name}' are already "
+                              f"tokenized ({chunk.path}); tokenize each source once (use sources=[...] to pick them).")
+
+
+class Tokenize(TokenizingTransform):
     """Tokenize ``field`` of every record into ``input_ids`` (see the module docstring).
 
     Args:
@@ -68,20 +93,6 @@ class Tokenize(Transform):
             raise PipelineError(f"{self.op}(tokenizer=...): pass zephon.tokenizer(path), got {tokenizer!r}")
         self.tokenizer, self.field, self.add_eos, self.add_bos = tokenizer, field, add_eos, add_bos
         self.keep_field = keep_field
-        self._tok: Tokenizer | None = None
-
-    @property
-    def spec(self) -> TokenizerSpec:
-        """The tokenizer with this operator's framing (``add_eos``/``add_bos``)."""
-        changes = {k: v for k, v in (("add_eos", self.add_eos), ("add_bos", self.add_bos)) if v is not None}
-        return replace(self.tokenizer, **changes) if changes else self.tokenizer
-
-    @property
-    def loaded(self) -> Tokenizer:
-        """The loaded tokenizer (one per process and spec)."""
-        if self._tok is None:
-            self._tok = shared_tokenizer(self.spec)
-        return self._tok
 
     def setup(self) -> None:
         self.loaded  # noqa: B018 - load now, not on the first chunk
@@ -91,10 +102,7 @@ class Tokenize(Transform):
 
     # -- chunks ----------------------------------------------------------------------------------------
     def _apply_chunk(self, chunk: Chunk) -> Chunk:
-        if INPUT_IDS in chunk.token_fields:
-            raise SourceError(f"operator '{self.name}': the records of source '{chunk.source_name}' are already "
-                              f"tokenized "
-                              f"({chunk.path}); tokenize each source once (use sources=[...] to pick them).")
+        self._refuse_tokenized(chunk)
         column = chunk.columns.get(self.field)
         if column is None and self.field not in chunk.columns:
             raise SourceError(f"operator '{self.name}': records of source '{chunk.source_name}' ({chunk.path}) "

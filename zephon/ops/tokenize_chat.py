@@ -359,9 +359,8 @@ class TokenizeChat(Transform):
         # Lowercase ASCII letters and digits: they survive escaping (tojson) and case filters (lower, trim).
         probe = [dict(m, content=f"zephonprobe{k}x") if k in missing else m for k, m in enumerate(messages)]
         try:
-            probed, _ = render(self._template, messages=probe, add_generation_prompt=self.add_generation_prompt,
-                               **variables, **self._specials)
-        except Exception:  # noqa: BLE001 - the template depends on the content: the real render stands
+            probed, _ = self._render(probe, variables, self.add_generation_prompt)
+        except ConversationError:  # the template depends on the content: the real render stands
             return
         for k in missing:
             if f"zephonprobe{k}x" not in probed:

@@ -26,7 +26,6 @@ text nor an image is skipped and counted (``blank_records``).
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Any, Sequence
 
 import numpy as np
@@ -34,16 +33,15 @@ import numpy as np
 from ..errors import PipelineError, SourceError
 from ..records import INPUT_IDS, LOSS_MASK, Chunk
 from ..specs import TokenizerSpec
-from ..tokenization import Tokenizer
-from .base import Transform, choice, positive_int
+from .base import choice, positive_int
 from .decode_images import IMAGE_GRID, IMAGES
 from .image_layout import IMAGE_SPANS
-from .tokenize import shared_tokenizer
+from .tokenize import TokenizingTransform
 
 UNPLACED = ("before", "after")
 
 
-class TokenizeImages(Transform):
+class TokenizeImages(TokenizingTransform):
     """Tokenize ``field`` with its images expanded into image tokens (see the module docstring).
 
     ``image_start`` / ``image_end`` / ``image_pad``: token ids, or token texts looked up in the tokenizer's
@@ -77,21 +75,7 @@ class TokenizeImages(Transform):
         self.image_pad, self.image_start, self.image_end = image_pad, image_start, image_end
         self.merge, self.loss_on_images, self.keep_field = merge, loss_on_images, keep_field
         self.add_eos, self.add_bos = add_eos, add_bos
-        self._tok: Tokenizer | None = None
         self._ids: tuple[int | None, int, int | None] | None = None
-
-    @property
-    def spec(self) -> TokenizerSpec:
-        """The tokenizer with this operator's framing (``add_eos``/``add_bos``)."""
-        changes = {k: v for k, v in (("add_eos", self.add_eos), ("add_bos", self.add_bos)) if v is not None}
-        return replace(self.tokenizer, **changes) if changes else self.tokenizer
-
-    @property
-    def loaded(self) -> Tokenizer:
-        """The loaded tokenizer (one per process and spec)."""
-        if self._tok is None:
-            self._tok = shared_tokenizer(self.spec)
-        return self._tok
 
     def setup(self) -> None:
         self.image_ids  # noqa: B018 - load the tokenizer and resolve the ids now, not on the first chunk
@@ -163,10 +147,7 @@ class TokenizeImages(Transform):
 
     # -- a chunk -----------------------------------------------------------------------------------------
     def _apply_chunk(self, chunk: Chunk) -> Chunk:
-        if INPUT_IDS in chunk.token_fields:
-            raise SourceError(f"operator '{self.name}': the records of source '{chunk.source_name}' are already "
-                              f"tokenized "
-                              f"({chunk.path}); tokenize each source once (use sources=[...] to pick them).")
+        self._refuse_tokenized(chunk)
         if IMAGES not in chunk.columns or IMAGE_GRID not in chunk.columns:
             raise SourceError(f"operator '{self.name}': records of source '{chunk.source_name}' ({chunk.path}) "
                               f"have no '{IMAGES}' and "
