@@ -632,7 +632,7 @@ def documents_ended(row: Any) -> int:
     tails = getattr(row, "tails", None)
     if tails is None:  # a RecordRow: one record, or none (padding)
         return int(row.fill)
-    return sum(1 for t in tails if t == IGNORE)
+    return tails.count(IGNORE)
 
 
 def _recent(counters: Any) -> dict[str, int]:

@@ -416,7 +416,7 @@ class Tokenizer:
             the last ends (int64 ``[n + 1]``).
         """
         ids = self._encode(texts)
-        lengths = np.fromiter((len(x) for x in ids), dtype=np.int64, count=len(ids))
+        lengths = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
         flat = np.fromiter(itertools.chain.from_iterable(ids), dtype=np.int32, count=int(lengths.sum()))
         return self.frame(flat, lengths)
 
@@ -431,7 +431,7 @@ class Tokenizer:
             ``(tokens, lengths)``: the ids concatenated (int32 ``[T]``) and each piece's count (int64 ``[n]``).
         """
         ids = self._encode(texts) if texts else []
-        lengths = np.fromiter((len(x) for x in ids), dtype=np.int64, count=len(ids))
+        lengths = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
         return np.fromiter(itertools.chain.from_iterable(ids), dtype=np.int32, count=int(lengths.sum())), lengths
 
     def token_id(self, token: str) -> int | None:
