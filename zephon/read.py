@@ -103,6 +103,7 @@ class ReadSpec:
 
 
 def _spec(fmt: str, path: str | Sequence[str], columns: Sequence[str] | None, **options: Any) -> ReadSpec:
+    options["storage_options"] = dict(options["storage_options"]) if options.get("storage_options") else None
     paths = (path,) if isinstance(path, str) else tuple(path)
     if not paths or not all(isinstance(p, str) and p for p in paths):
         raise ValueError(f"read.{fmt}(path=...): a non-empty path (file, folder or glob) or list of them is needed, "
@@ -151,7 +152,7 @@ def parquet(path: str | Sequence[str], columns: Sequence[str] | None = None, *, 
     """
     return _spec("parquet", path, columns, text_field=text_field, tokens_field=tokens_field, chunk_rows=chunk_rows,
                  cache_bytes=cache_bytes, max_doc_bytes=max_doc_bytes, oversize=oversize,
-                 storage_options=dict(storage_options) if storage_options else None)
+                 storage_options=storage_options)
 
 
 def jsonl(path: str | Sequence[str], columns: Sequence[str] | None = None, *, text_field: str | None = None,
@@ -178,8 +179,7 @@ def jsonl(path: str | Sequence[str], columns: Sequence[str] | None = None, *, te
             not a dict.
     """
     return _spec("jsonl", path, columns, text_field=text_field, chunk_bytes=chunk_bytes, unit_bytes=unit_bytes,
-                 max_doc_bytes=max_doc_bytes, oversize=oversize,
-                 storage_options=dict(storage_options) if storage_options else None)
+                 max_doc_bytes=max_doc_bytes, oversize=oversize, storage_options=storage_options)
 
 
 def mds(path: str | Sequence[str], columns: Sequence[str] | None = None, *, text_field: str | None = None,
@@ -209,7 +209,7 @@ def mds(path: str | Sequence[str], columns: Sequence[str] | None = None, *, text
             not a dict.
     """
     return _spec("mds", path, columns, text_field=text_field, tokens_field=tokens_field, chunk_rows=chunk_rows,
-                 cache_bytes=cache_bytes, storage_options=dict(storage_options) if storage_options else None)
+                 cache_bytes=cache_bytes, storage_options=storage_options)
 
 
 def litdata(path: str | Sequence[str], columns: Sequence[str] | None = None, *, text_field: str | None = None,
@@ -239,7 +239,7 @@ def litdata(path: str | Sequence[str], columns: Sequence[str] | None = None, *, 
             not a dict.
     """
     return _spec("litdata", path, columns, text_field=text_field, tokens_field=tokens_field, chunk_rows=chunk_rows,
-                 cache_bytes=cache_bytes, storage_options=dict(storage_options) if storage_options else None)
+                 cache_bytes=cache_bytes, storage_options=storage_options)
 
 
 def vortex(path: str | Sequence[str], columns: Sequence[str] | None = None, *, text_field: str | None = None,
@@ -268,7 +268,7 @@ def vortex(path: str | Sequence[str], columns: Sequence[str] | None = None, *, t
             not a dict.
     """
     return _spec("vortex", path, columns, text_field=text_field, tokens_field=tokens_field, chunk_rows=chunk_rows,
-                 cache_bytes=cache_bytes, storage_options=dict(storage_options) if storage_options else None)
+                 cache_bytes=cache_bytes, storage_options=storage_options)
 
 
 def lance(path: str | Sequence[str], columns: Sequence[str] | None = None, *, text_field: str | None = None,
@@ -301,7 +301,7 @@ def lance(path: str | Sequence[str], columns: Sequence[str] | None = None, *, te
     """
     return _spec("lance", path, columns, text_field=text_field, tokens_field=tokens_field, chunk_rows=chunk_rows,
                  cache_bytes=cache_bytes, max_doc_bytes=max_doc_bytes, oversize=oversize,
-                 storage_options=dict(storage_options) if storage_options else None)
+                 storage_options=storage_options)
 
 
 def arrow(path: str | Sequence[str], columns: Sequence[str] | None = None, *, text_field: str | None = None,
@@ -333,7 +333,7 @@ def arrow(path: str | Sequence[str], columns: Sequence[str] | None = None, *, te
     """
     return _spec("arrow", path, columns, text_field=text_field, tokens_field=tokens_field, chunk_rows=chunk_rows,
                  cache_bytes=cache_bytes, max_doc_bytes=max_doc_bytes, oversize=oversize,
-                 storage_options=dict(storage_options) if storage_options else None)
+                 storage_options=storage_options)
 
 
 def hf(path: str | Sequence[str], split: str = "train", config: str | None = None,
@@ -371,7 +371,7 @@ def hf(path: str | Sequence[str], split: str = "train", config: str | None = Non
             raise ValueError(f"read.hf({key}=...): a non-empty string is needed, got {value!r}")
     return _spec("hf", path, columns, text_field=text_field, tokens_field=tokens_field, chunk_rows=chunk_rows,
                  cache_bytes=cache_bytes, max_doc_bytes=max_doc_bytes, oversize=oversize,
-                 storage_options=dict(storage_options) if storage_options else None, split=split, config=config)
+                 storage_options=storage_options, split=split, config=config)
 
 
 def _memory(payload: tuple[bytes, str, int], columns: Sequence[str] | None, **options: Any) -> ReadSpec:
@@ -468,5 +468,4 @@ def webdataset(path: str | Sequence[str], columns: Sequence[str] | None = ("*",)
             not a dict.
     """
     return _spec("webdataset", path, columns or ("*",), chunk_rows=chunk_rows, max_doc_bytes=max_doc_bytes,
-                 oversize=oversize, index_cache=index_cache,
-                 storage_options=dict(storage_options) if storage_options else None)
+                 oversize=oversize, index_cache=index_cache, storage_options=storage_options)

@@ -8,7 +8,6 @@ back ``zephon verify`` and the test suite.
 from __future__ import annotations
 
 import contextlib
-
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
@@ -22,11 +21,6 @@ from .plan import WorkPlan
 from .state import merge_states
 
 _KIND = {"thread": "thread", "pool": "process"}
-
-
-def _loaders(pipe: Any, world_size: int, program: Any, runner: Executor | str, num_workers: int) -> list:
-    return [build_loader(pipe, rank=r, world_size=world_size, runner=runner, num_workers=num_workers,
-                         program=program) for r in range(world_size)]
 
 
 def _global_step(loaders: list, program: Any) -> list | None:
@@ -76,7 +70,8 @@ def global_hashes(pipeline: Any, world_size: int, steps: int, num_workers: int =
 def _run(pipe: Any, program: Any, world_size: int, steps: int, num_workers: int, runner: str,
          state: dict | None) -> tuple[list[str], dict]:
     pool = _shared_executor(program, num_workers, runner)
-    loaders = _loaders(pipe, world_size, program, pool or runner, num_workers)
+    loaders = [build_loader(pipe, rank=r, world_size=world_size, runner=pool or runner, num_workers=num_workers,
+                            program=program) for r in range(world_size)]
     try:
         if state is not None:
             for ld in loaders:

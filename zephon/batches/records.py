@@ -35,13 +35,7 @@ def collate_records(rows: Sequence[RecordRow], stack: Sequence[str] = (),
     records = [row.record for row in rows]
     real = [rec for rec in records if rec is not None]
     keys = list(dict.fromkeys(k for rec in real for k in rec))
-    if VALID in keys:
-        raise CollateError(f"a record has a field {VALID!r}, which the batch uses for its padding mask; rename it "
-                           f"with a map() before batch()")
-    for name in stack:
-        if name not in keys and real:
-            raise CollateError(f"batch(stack=[{name!r}]): no record of this batch has a field {name!r} (fields: "
-                               f"{keys}); name one of them, or check the operator that should make it")
+    _check_fields(keys, stack, bool(real))
     batch: dict[str, Any] = {}
     for key in keys:
         if key in stack:
@@ -67,14 +61,8 @@ def join_rows(block: RecordBlock, stack: Sequence[str] = (), buffers: BatchBuffe
         elif type(p) is not int and p.record is not None:
             keys.update(dict.fromkeys(p.record))
             real += 1
-    if VALID in keys:
-        raise CollateError(f"a record has a field {VALID!r}, which the batch uses for its padding mask; rename it "
-                           f"with a map() before batch()")
     keys_list = list(keys)
-    for name in stack:
-        if name not in keys and real:
-            raise CollateError(f"batch(stack=[{name!r}]): no record of this batch has a field {name!r} (fields: "
-                               f"{keys_list}); name one of them, or check the operator that should make it")
+    _check_fields(keys_list, stack, real > 0)
     valid = np.ones(n, dtype=bool)
     at = 0
     for p in parts:
@@ -101,6 +89,17 @@ def join_rows(block: RecordBlock, stack: Sequence[str] = (), buffers: BatchBuffe
             batch[key] = column
     batch[VALID] = torch.from_numpy(valid)
     return batch
+
+
+def _check_fields(keys: list[str], stack: Sequence[str], any_record: bool) -> None:
+    """Refuse a batch's fields: one named like the padding mask, or a stacked field no record of it has."""
+    if VALID in keys:
+        raise CollateError(f"a record has a field {VALID!r}, which the batch uses for its padding mask; rename it "
+                           f"with a map() before batch()")
+    for name in stack:
+        if name not in keys and any_record:
+            raise CollateError(f"batch(stack=[{name!r}]): no record of this batch has a field {name!r} (fields: "
+                               f"{keys}); name one of them, or check the operator that should make it")
 
 
 def _lacks(parts: Sequence[Any], key: str) -> bool:

@@ -14,6 +14,7 @@ import json
 import sysconfig
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 
 def stdlib_files() -> list[Path]:
@@ -99,6 +100,11 @@ def write_chat(out_dir: str | Path, documents: list[tuple[str, str, str]], files
 
 def train_sentencepiece(out_model: str | Path, texts: list[str], vocab_size: int = 4000) -> Path:
     """Train a BPE SentencePiece model on ``texts`` (single-threaded, no shuffling: reproducible)."""
+    return _train_bpe(out_model, texts, vocab_size)
+
+
+def _train_bpe(out_model: str | Path, texts: list[str], vocab_size: int, **options: Any) -> Path:
+    """:func:`train_sentencepiece` with more trainer ``options`` (the vision-language tokenizer's image pieces)."""
     import io
 
     import sentencepiece as spm
@@ -108,7 +114,7 @@ def train_sentencepiece(out_model: str | Path, texts: list[str], vocab_size: int
         sentence_iterator=iter(texts), model_writer=model, vocab_size=vocab_size, model_type="bpe",
         character_coverage=1.0, byte_fallback=True, num_threads=1, shuffle_input_sentence=False,
         input_sentence_size=0, hard_vocab_limit=False, max_sentence_length=1 << 16, minloglevel=2,
-        bos_id=1, eos_id=2, unk_id=0, pad_id=3, split_digits=True,
+        bos_id=1, eos_id=2, unk_id=0, pad_id=3, split_digits=True, **options,
     )
     path = Path(out_model)
     path.write_bytes(model.getvalue())

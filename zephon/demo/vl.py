@@ -36,6 +36,8 @@ from typing import Any
 
 import numpy as np
 
+from .text import _train_bpe
+
 DEBIAN_BACKGROUNDS = ("/usr/share/backgrounds",)
 IMAGE_TOKENS = ("<|vision_start|>", "<|vision_end|>", "<|image_pad|>")  # user-defined pieces of tok_vl.model
 _PICTURE_EXTS = (".jpg", ".jpeg", ".png", ".webp", ".gif")
@@ -333,17 +335,7 @@ def write_interleaved(samples: Iterator[Sample], paragraphs: Sequence[str], out_
 
 def train_vl_tokenizer(out_model: str | Path, texts: list[str], vocab_size: int = 4000) -> Path:
     """A SentencePiece BPE model with the image tokens :data:`IMAGE_TOKENS` as pieces of their own."""
-    import sentencepiece as spm
-
-    model = io.BytesIO()
-    spm.SentencePieceTrainer.train(
-        sentence_iterator=iter(texts), model_writer=model, vocab_size=vocab_size, model_type="bpe",
-        character_coverage=1.0, byte_fallback=True, num_threads=1, shuffle_input_sentence=False,
-        input_sentence_size=0, hard_vocab_limit=False, max_sentence_length=1 << 16, minloglevel=2,
-        bos_id=1, eos_id=2, unk_id=0, pad_id=3, split_digits=True, user_defined_symbols=list(IMAGE_TOKENS))
-    path = Path(out_model)
-    path.write_bytes(model.getvalue())
-    return path
+    return _train_bpe(out_model, texts, vocab_size, user_defined_symbols=list(IMAGE_TOKENS))
 
 
 # -- the quickstart ------------------------------------------------------------------------------------------

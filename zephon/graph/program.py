@@ -155,13 +155,9 @@ def compile_pipeline(pipe: Any, plan: WorkPlan | None = None) -> CompiledPipelin
     plan = plan or WorkPlan(pipe)
     check_fields(pipe, plan, g)
     pad_id = pack.pad_id if pack.pad_id is not None else _tokenizer_pad(transforms)
-    compiled = CompiledPipeline(
-        **_lane_fields(pipe, plan, g, ctx, mix.make, lane_ops, batch), seq_len=pack.seq_len, pad_id=pad_id,
-        token_fields=schema, pad_values={name: (pad_id if name == INPUT_IDS else 0) for name in schema},
-        placement=g.placement, schedule=mix.schedule, weights=dict(zip(g.names, mix._weights)), images=images)
-    compiled.summary = summary(pipe, plan, g.per_source, [mix, *g.after, pack, batch])
-    compiled.fingerprint = fingerprint(compiled.summary)
-    return compiled
+    return _compiled(pipe, plan, g, ctx, mix, lane_ops, batch, [pack, batch], seq_len=pack.seq_len, pad_id=pad_id,
+                     token_fields=schema, pad_values={name: (pad_id if name == INPUT_IDS else 0) for name in schema},
+                     images=images)
 
 
 def _compile_records(pipe: Any, plan: WorkPlan | None, batch: Batch) -> CompiledPipeline:
@@ -183,12 +179,8 @@ def _compile_records(pipe: Any, plan: WorkPlan | None, batch: Batch) -> Compiled
                     ("batch", f"lane: {batch.rows_per_lane} record(s) per step", "-")]
     plan = plan or WorkPlan(pipe)
     check_fields(pipe, plan, g)
-    compiled = CompiledPipeline(
-        **_lane_fields(pipe, plan, g, ctx, mix.make, lane_ops, batch), seq_len=1, token_fields=schema, records=True,
-        stack=batch.stack, placement=g.placement, schedule=mix.schedule, weights=dict(zip(g.names, mix._weights)))
-    compiled.summary = summary(pipe, plan, g.per_source, [mix, *g.after, batch])
-    compiled.fingerprint = fingerprint(compiled.summary)
-    return compiled
+    return _compiled(pipe, plan, g, ctx, mix, lane_ops, batch, [batch], seq_len=1, token_fields=schema,
+                     records=True, stack=batch.stack)
 
 
 # -- what the operators need of the records, checked when the pipeline is built ------------------------------
@@ -318,20 +310,26 @@ def _transform_step(transform: Transform, ctx: LaneContext) -> TransformStep:
     return TransformStep(transform)
 
 
-def _lane_fields(pipe: Any, plan: WorkPlan, g: _Graph, ctx: BindContext, merge: Callable[..., Any],
-                 lane_ops: list, batch: Batch) -> dict[str, Any]:
-    """What every :class:`LaneProgram` holds whatever its rows: the sources' stages (their operators bound),
-    the merge, the lane's operators, the cadence and the end of finite data."""
+def _compiled(pipe: Any, plan: WorkPlan, g: _Graph, ctx: BindContext, mix: Mix, lane_ops: list, batch: Batch,
+              tail: list[Operator], **fields: Any) -> CompiledPipeline:
+    """The compiled pipeline: what every :class:`LaneProgram` holds whatever its rows (the sources' stages, their
+    operators bound, the merge, the lane's operators, the cadence and the end of finite data), the mixture, the
+    row-specific ``fields``, and the fingerprint of the graph (``tail``: its operators after ``g.after``)."""
     stages = [_stages([op.bind(ctx) for op in ops]) for ops in g.per_source]
     readers = [ReaderFactory(sp.spec, sp.storage) for sp in plan.sources]  # picklable: workers build their own
     coords = [partial(coordinate, sp.spec.format) for sp in plan.sources]
     roots = [sp.root for sp in plan.sources] if batch.provenance else None
-    return dict(seed=pipe.seed, lanes=pipe.lanes, names=g.names, plan=plan,
-                stages=StageProgram(g.names, readers, stages, coords, roots), provenance=batch.provenance,
-                stage_kinds=[[st.executor for st in sts] for sts in stages], merge=merge, lane_ops=lane_ops,
-                rows_per_lane=batch.rows_per_lane, flush_every=pipe.flush_every, flush_by=pipe.flush_by,
-                max_empty_units=[2 * len(sp.units) + pipe.lanes for sp in plan.sources],
-                finite=any(d.passes is not None for d in pipe.sources), partial=batch.partial)
+    compiled = CompiledPipeline(
+        seed=pipe.seed, lanes=pipe.lanes, names=g.names, plan=plan,
+        stages=StageProgram(g.names, readers, stages, coords, roots), provenance=batch.provenance,
+        stage_kinds=[[st.executor for st in sts] for sts in stages], merge=mix.make, lane_ops=lane_ops,
+        rows_per_lane=batch.rows_per_lane, flush_every=pipe.flush_every, flush_by=pipe.flush_by,
+        max_empty_units=[2 * len(sp.units) + pipe.lanes for sp in plan.sources],
+        finite=any(d.passes is not None for d in pipe.sources), partial=batch.partial, placement=g.placement,
+        schedule=mix.schedule, weights=dict(zip(g.names, mix._weights)), **fields)
+    compiled.summary = summary(pipe, plan, g.per_source, [mix, *g.after, *tail])
+    compiled.fingerprint = fingerprint(compiled.summary)
+    return compiled
 
 
 def _stages(ops: list[Transform]) -> list[Stage]:

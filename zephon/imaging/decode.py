@@ -112,34 +112,22 @@ _TRANSPOSE = {2: "FLIP_LEFT_RIGHT", 3: "ROTATE_180", 4: "FLIP_TOP_BOTTOM", 5: "T
               7: "TRANSVERSE", 8: "ROTATE_90"}
 
 
+# EXIF orientation -> the view of the array that shows the image upright (as the transposes above do).
+_ORIENT = {2: lambda p: p[:, ::-1], 3: lambda p: p[::-1, ::-1], 4: lambda p: p[::-1], 5: lambda p: p.transpose(1, 0, 2),
+           6: lambda p: np.rot90(p, -1), 7: lambda p: p[::-1, ::-1].transpose(1, 0, 2), 8: lambda p: np.rot90(p, 1)}
+
+
 def orient(pixels: np.ndarray, orientation: int) -> np.ndarray:
     """``pixels`` [H, W, C] as displayed for an EXIF ``orientation`` (what Pillow's ``exif_transpose`` does)."""
-    if orientation == 2:
-        out = pixels[:, ::-1]
-    elif orientation == 3:
-        out = pixels[::-1, ::-1]
-    elif orientation == 4:
-        out = pixels[::-1]
-    elif orientation == 5:
-        out = pixels.transpose(1, 0, 2)
-    elif orientation == 6:
-        out = np.rot90(pixels, -1)
-    elif orientation == 7:
-        out = pixels[::-1, ::-1].transpose(1, 0, 2)
-    elif orientation == 8:
-        out = np.rot90(pixels, 1)
-    else:
-        return pixels
-    return np.ascontiguousarray(out)
+    view = _ORIENT.get(orientation)
+    return pixels if view is None else np.ascontiguousarray(view(pixels))
 
 
 # -- decoding ---------------------------------------------------------------------------------------------
 def _resample(name: str) -> Any:
     from PIL import Image
 
-    return {"bicubic": Image.Resampling.BICUBIC, "bilinear": Image.Resampling.BILINEAR,
-            "lanczos": Image.Resampling.LANCZOS, "box": Image.Resampling.BOX,
-            "nearest": Image.Resampling.NEAREST}[name]
+    return Image.Resampling[name.upper()]  # the names of spec.RESAMPLE
 
 
 def decode_image(data: Any, spec: ImageSpec) -> np.ndarray:

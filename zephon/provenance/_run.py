@@ -16,8 +16,7 @@ from ..state.checkpoint import check_container, load_state, unwrap_state
 def with_provenance(pipeline: Any) -> Any:
     """``pipeline`` (a :class:`~zephon.Pipeline` or a recipe) with ``batch(provenance=True)``: the same batches
     and fingerprint, plus the ``provenance`` key."""
-    pipe = pipeline_of(pipeline)
-    return pipe.replace(provenance=True)
+    return pipeline_of(pipeline).replace(provenance=True)
 
 
 def state_of(state: Any) -> dict[str, Any] | None:

@@ -16,10 +16,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..batches.packed import _hash_value
+from ..batches.packed import _hash_value, batch_digest
 from ..loader import ZephonLoader
 from ..origins import PROVENANCE_KEY
-from ._run import state_of, with_provenance
+from ._run import contiguous, state_of, with_provenance
 from .segments import SOURCE, TOKEN_END, TOKEN_START
 
 
@@ -235,16 +235,8 @@ def _lane_digests(batch: Mapping[str, Any], lanes: int, rpl: int) -> list[str]:
 
 
 def _digest(batch: Mapping[str, Any]) -> str:
-    from ..batches.packed import batch_digest
-
     return batch_digest({k: v for k, v in batch.items() if k != PROVENANCE_KEY})
 
 
 def _ranges(lanes: list[int]) -> str:
-    out: list[str] = []
-    for lane in lanes:
-        if out and out[-1].split("-")[-1] == str(lane - 1):
-            out[-1] = f"{out[-1].split('-')[0]}-{lane}"
-        else:
-            out.append(str(lane))
-    return ", ".join(out)
+    return ", ".join(str(r.start) if len(r) == 1 else f"{r.start}-{r[-1]}" for r in contiguous(lanes))

@@ -468,8 +468,7 @@ def _validate(r: Recipe) -> Recipe:
         raise _bad(o, "", "seed", "an integer in [0, 2**63)", r.seed, _is_int(r.seed))
     _choice(r.flush_by, "flush_by", ("chunks", "units"), o)
     _choice(r.partial_batch, "partial_batch", ("drop", "pad"), o)
-    if not isinstance(r.provenance, bool):
-        raise _bad(o, "", "provenance", "true or false", r.provenance, False)
+    _boolean(r.provenance, "provenance", o)
     for name in ("lanes", "seq_len", "batch_per_lane", "flush_every"):
         _positive(getattr(r, name), name, o)
     for name in ("chunk_rows", "chunk_bytes", "unit_bytes", "cache_bytes", "max_doc_bytes"):
@@ -515,9 +514,6 @@ def _validate_tokenizer(t: TokenizerSpec, o: str) -> None:
     if t.pad_id is not None:  # and below the vocabulary size: checked when the tokenizer is loaded
         _non_negative(t.pad_id, "tokenizer.pad_id", o)
     validate_special_tokens(t, o)
-
-
-
 
 
 def _validate_source(s: SourceSpec, where: str, o: str) -> None:

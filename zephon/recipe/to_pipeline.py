@@ -158,7 +158,5 @@ def add_op(pipe: Pipeline, table: Mapping[str, Any], where: str) -> Pipeline:
     kwargs = {k: CONVERT[k](v, f"{where}: '{k}'") if k in CONVERT else v for k, v in t.items()}
     try:
         return getattr(pipe, op)(**kwargs)
-    except PipelineError as exc:
-        raise RecipeError(f"{where}: {exc}") from None
-    except TypeError as exc:  # a required argument missing
+    except (PipelineError, TypeError) as exc:  # TypeError: a required argument missing
         raise RecipeError(f"{where}: {exc}") from None

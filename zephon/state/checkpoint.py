@@ -53,7 +53,7 @@ def state_digest(state: Mapping[str, Any]) -> str:
 def _lane_bits(state: Mapping[str, Any], lane: str, lane_state: Any) -> bytes:
     body = {k: v for k, v in lane_state.items() if k != "digest"} if isinstance(lane_state, Mapping) else lane_state
     body = {"fingerprint": state.get("fingerprint"), "step": state.get("step"), "lane": lane, "state": body}
-    return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).digest()[:16]
+    return bytes.fromhex(_sha(body))[:16]
 
 
 def lane_digest(state: Mapping[str, Any], lane: str, lane_state: Mapping[str, Any]) -> str:

@@ -35,8 +35,6 @@ MAX_INT = 2 ** 53  # integers in a state stay exact in any JSON reader
 MAX_REPLAY_HINT = 2 ** 20  # chunks since a sentinel: far above any cadence (the lane caps what it submits)
 
 
-
-
 @dataclass(frozen=True)
 class LaneState:
     """A lane's resumable state: where its last flush sentinel before its last delivered row stood (see the
