@@ -27,7 +27,6 @@ from .stages import StageProgram
 from .transfer import Outbox, discard, receive, share
 
 
-
 class Handle(Protocol):
     """A submitted task. A handle may also have ``done() -> bool`` (whether ``result()`` would return at
     once): the lanes then read further ahead while the trainer waits (:class:`~zephon.engine.sources.ReadAhead`)."""

@@ -20,7 +20,7 @@ import threading
 import time
 import traceback
 from dataclasses import asdict
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from ..records import Row
 from ..state.lane import LaneState
@@ -34,6 +34,18 @@ from .processes import start_worker_server
 from .transfer import Outbox, discard, receive, share
 
 
+def _start_lanes(lanes: Sequence[Lane], states: Mapping[int, Any]) -> None:
+    """Reset ``lanes`` to their ``states`` (absent: the beginning) and put their first tasks in flight."""
+    for lane in lanes:
+        lane.reset(states.get(lane.lane))
+    for lane in lanes:  # workers start on every lane's first chunk at once, before any second one:
+        lane.prime(1)   # the first batch needs every lane, not all the chunks of the first lanes
+    for lane in lanes:  # a resume: every lane's replay in flight at once
+        lane.prime_replay()
+    for lane in lanes:
+        lane.prime()
+
+
 class LocalLanes:
     """Lanes as torchdata nodes in this process."""
 
@@ -43,14 +55,7 @@ class LocalLanes:
         self._lanes = [Lane(program, lane, executor_for, depth, self.events) for lane in lanes]
 
     def reset(self, states: dict[int, LaneState]) -> None:
-        for lane in self._lanes:
-            lane.reset(states.get(lane.lane))
-        for lane in self._lanes:  # workers start on every lane's first chunk at once, before any second one:
-            lane.prime(1)         # the first batch needs every lane, not all the chunks of the first lanes
-        for lane in self._lanes:  # a resume: every lane's replay in flight at once
-            lane.prime_replay()
-        for lane in self._lanes:
-            lane.prime()
+        _start_lanes(self._lanes, states)
 
     def next_step(self) -> list[list[Row]]:
         return [next(lane) for lane in self._lanes]
@@ -117,14 +122,7 @@ def _lane_worker(pipeline: Any, lanes: list[int], states: dict[int, dict], out: 
         executor = ThreadExecutor(program.stages, 1)
         shared = list(events or [])
         nodes = [Lane(program, lane, lambda s, k: executor, 1, shared) for lane in lanes]
-        for node in nodes:
-            node.reset(states.get(node.lane))
-        for node in nodes:
-            node.prime(1)
-        for node in nodes:
-            node.prime_replay()
-        for node in nodes:
-            node.prime()
+        _start_lanes(nodes, states)
         while not stop.is_set():
             item = ("step", share([(node.lane, next(node), node.get_state(), asdict(node.counters))
                                    for node in nodes], outbox))
@@ -169,27 +167,30 @@ def _worker_death(k: int, pid: int, code: int | None) -> str:
         + MAIN_GUARD_HINT
 
 
-
-
 class ProcessLanes:
     """Whole lanes on ``num_workers`` worker processes, computing up to ``prefetch`` steps ahead."""
 
     def __init__(self, pipeline: Any, program: LaneProgram, lanes: Sequence[int], num_workers: int,
                  prefetch: int = 4, events: list | None = None) -> None:
+        self._init_host(pipeline, program, lanes, num_workers, prefetch, events)
+        check_picklable(program.stages)
+        self._ctx = start_worker_server()
+        self._outbox: Outbox | None = None
+
+    def _init_host(self, pipeline: Any, program: LaneProgram, lanes: Sequence[int], num_workers: int,
+                   prefetch: int, events: list | None) -> None:
+        """The host's bookkeeping, whatever its workers are (``RayLanes`` shares it)."""
         self.pipeline, self.program, self.lanes = pipeline, program, list(lanes)
         self.events = events if events is not None else []
         self.num_workers = max(1, min(num_workers, len(self.lanes)))
         self.prefetch = max(1, prefetch)
-        check_picklable(program.stages)
-        self._ctx = start_worker_server()
-        self._outbox: Outbox | None = None
         self._failed: str | None = None  # why the workers stopped mid-step: the host cannot go on
-        self._procs: list[Any] = []
+        self._procs: list[Any] = []  # the workers (processes, or Ray actors)
         self._states: dict[int, dict] = {}
         self._counters: dict[int, LaneCounters] = {lane: LaneCounters() for lane in self.lanes}
         # what workers stopped before a restart within the run had counted (they count afresh when started)
         self._base: dict[int, LaneCounters] = {}
-        self._interrupted = threading.Event()
+        self._interrupted = threading.Event()  # interrupt()
 
     def interrupt(self) -> None:
         """Make a :meth:`next_step` that waits on another thread give up (:class:`HostInterrupted`): the

@@ -205,6 +205,12 @@ class Lane(BaseNode[list[Row]]):
         if self._to_skip and self._state.replay:
             self._rows.prime_replay([min(n, REPLAY_PRIME_MAX) for n in self._state.replay])
 
+    def _start_segment(self, item: Flush) -> None:  # a sentinel went by
+        self._segment_start = LaneState(item.index, dict(zip(self.program.names, item.positions)), 0,
+                                        item.carry, (self.clock.rows, item.release))
+        self._since = 0
+        self._taken_base = item.taken or self._taken_base
+
     def _next_row(self) -> Row:
         while True:
             if self.ended:
@@ -221,10 +227,7 @@ class Lane(BaseNode[list[Row]]):
                                      f"delivered after its last sentinel, but the segment after that sentinel "
                                      f"holds only {self._since}. The state was edited or does not belong to this "
                                      f"data; resume from the state as it was written.")
-                self._segment_start = LaneState(item.index, dict(zip(self.program.names, item.positions)), 0,
-                                                item.carry, (self.clock.rows, item.release))
-                self._since = 0
-                self._taken_base = item.taken or self._taken_base
+                self._start_segment(item)
                 continue
             self._since += 1
             return item
@@ -257,10 +260,7 @@ class Lane(BaseNode[list[Row]]):
                 self.ended = True
                 continue
             if type(item) is Flush:
-                self._segment_start = LaneState(item.index, dict(zip(self.program.names, item.positions)), 0,
-                                                item.carry, (self.clock.rows, item.release))
-                self._since = 0
-                self._taken_base = item.taken or self._taken_base
+                self._start_segment(item)
                 continue
             n = len(item) if type(item) is RecordSpan else 1
             parts.append(item)

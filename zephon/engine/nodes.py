@@ -64,6 +64,11 @@ class _Replaying:
     where: str
     _replay_to: int
 
+    def next(self) -> Any:
+        if self._replay_to:
+            self._replay()
+        return self._next_item()  # type: ignore[attr-defined]
+
     def _replay(self) -> None:
         n, self._replay_to = self._replay_to, 0
         for done in range(n):
@@ -141,11 +146,6 @@ class MergeNode(_Replaying, BaseNode):
         self.counters.flushes += 1
         self._queue.append(Flush(self._sentinels, tuple(s.position for s in self.streams),
                                  taken=tuple(s.taken for s in self.streams)))
-
-    def next(self) -> Any:
-        if self._replay_to:
-            self._replay()
-        return self._next_item()
 
     def _next_item(self) -> Any:
         # Once per document: keep it lean. The streams count documents and tokens per chunk (metrics), and
@@ -315,11 +315,6 @@ class AccumulatorNode(_Replaying, BaseNode):
     def _extend(self, items: Iterable[Any] | None) -> None:
         if items:
             self._out.extend(items)
-
-    def next(self) -> Any:
-        if self._replay_to:
-            self._replay()
-        return self._next_item()
 
     def _next_item(self) -> Any:
         out = self._out

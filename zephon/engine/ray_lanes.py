@@ -23,12 +23,10 @@ lanes as ``hosts._lane_worker`` does; a change to one belongs in the other.
 from __future__ import annotations
 
 import os
-import threading
 from collections import deque
 from dataclasses import asdict
 from typing import Any, Sequence
 
-from .counters import LaneCounters
 from .executors import ThreadExecutor, check_picklable
 from .hosts import ProcessLanes
 from .lane import Lane, LaneProgram
@@ -77,17 +75,9 @@ class RayLanes(ProcessLanes):
 
     def __init__(self, pipeline: Any, program: LaneProgram, lanes: Sequence[int], num_workers: int,
                  prefetch: int = 4, events: list | None = None, address: str | None = None, **options: Any) -> None:
-        # ProcessLanes.__init__ would start a forkserver for worker processes; actors need none, so the
-        # host's attributes are set here
-        self.pipeline, self.program, self.lanes = pipeline, program, list(lanes)
-        self.events = events if events is not None else []
-        self.num_workers = max(1, min(num_workers, len(self.lanes)))
-        self.prefetch = max(1, prefetch)
-        self._procs: list[Any] = []  # the actors (the name ProcessLanes' bookkeeping looks at)
-        self._states: dict[int, dict] = {}
-        self._counters: dict[int, LaneCounters] = {lane: LaneCounters() for lane in self.lanes}
-        self._base: dict[int, LaneCounters] = {}  # ProcessLanes.counters(): counts kept over restarts
-        self._interrupted = threading.Event()  # ProcessLanes.interrupt()
+        # ProcessLanes.__init__ would start a forkserver for worker processes; actors need none, so only the
+        # host's bookkeeping is set up (self._procs: the actors)
+        self._init_host(pipeline, program, lanes, num_workers, prefetch, events)
         self.opts = RayOptions.make(address, **options)
         check_picklable(program.stages)
         self.fingerprint = str(getattr(program, "fingerprint", ""))

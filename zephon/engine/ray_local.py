@@ -159,10 +159,9 @@ class LocalRayCluster:
         """Disconnect this process from the head, stop the head (``ray start --block`` stops what it
         started on SIGTERM), then SIGKILL whatever of its process group is left; remove its temporary
         directory."""
-        if self.proc is not None and self.proc.poll() is None:
-            self._disconnect()
         if self.proc is not None:
             if self.proc.poll() is None:
+                self._disconnect()
                 self.proc.send_signal(signal.SIGTERM)
                 try:
                     self.proc.wait(timeout=timeout_s)

@@ -57,8 +57,6 @@ class Stage:
     transforms: tuple[Transform, ...]
 
 
-
-
 def _text_chars(chunk: Chunk) -> int:
     total = 0
     for col in chunk.columns.values():

@@ -150,26 +150,22 @@ class RetryingFileSystem:
         return sorted(urls)
 
     def info(self, path: str) -> dict:
+        return self._info(path)
+
+    def _info(self, path: str, missing_ok: bool = False) -> dict | None:
         url = self.url(path)
         with self._lock:
             if url in self._infos:
                 return self._infos[url]
-        info = self._retry(lambda: self.fs.info(url), url, "stat")
-        with self._lock:
-            self._infos[url] = info
+        info = self._retry(lambda: self.fs.info(url), url, "stat", missing_ok)
+        if info is not None:
+            with self._lock:
+                self._infos[url] = info
         return info
 
     def _kind(self, path: str) -> str | None:
-        url = self.url(path)
-        with self._lock:
-            if url in self._infos:
-                return self._infos[url].get("type")
-        info = self._retry(lambda: self.fs.info(url), url, "stat", missing_ok=True)
-        if info is None:
-            return None
-        with self._lock:
-            self._infos[url] = info
-        return info.get("type")
+        info = self._info(path, missing_ok=True)
+        return None if info is None else info.get("type")
 
     def isfile(self, path: str) -> bool:
         return self._kind(path) == "file"
