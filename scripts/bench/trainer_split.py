@@ -1,0 +1,154 @@
+#!/usr/bin/env python
+"""The trainer thread's CPU per text batch, split into collation and the rest, for two checkouts in turns.
+
+Item 4 of the "past two cores" issue compares the text pipeline with the chain before the redesign. This
+script asks how much of a gap the trainer's thread can explain: it builds the text loader (``bench_data``,
+2 thread workers, best fit by default) in a fresh process per run, warms it up, then times ``--batches``
+calls of ``next()`` with the trainer thread's own CPU clock (``time.thread_time``). ``collate`` is the
+module-level function each checkout's loader calls, wrapped for the run. The rest is the lanes' serial
+work on this thread (merge, pack, whatever the host does) plus the per-step bookkeeping. Process CPU
+(every thread) is split too: the CPU every thread spends inside the Hugging Face tokenizer's
+``encode_batch_fast`` calls (timed per call on the calling thread), and the workers' other work (process
+less trainer less tokenizer: reading, the ids' conversion, split, ...). ``--prewarm DOCS`` makes each
+tokenizer encode the same documents first, as ``sliced.py --prewarm`` does, so that its word cache holds
+the same words on both sides. Runs alternate between this checkout and ``--zephon-src`` (``--pairs``
+times), so load drifts hit both.
+
+    mkdir -p /tmp/zephon_e852 && git archive e852c99 zephon | tar -x -C /tmp/zephon_e852   # before the redesign
+    python scripts/bench/trainer_split.py --data bench_data --zephon-src /tmp/zephon_e852 --pairs 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from statistics import median
+
+HERE = Path(__file__).resolve().parent
+
+
+def child(args: argparse.Namespace) -> None:
+    """One run in this process: print one JSON line of per-batch figures."""
+    if args.zephon_src:
+        sys.path.insert(0, str(Path(args.zephon_src).resolve()))
+    sys.path.insert(0, str(HERE))
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    import resource
+
+    import threading
+
+    import tokenizers
+
+    import _pipelines
+
+    if args.prewarm:
+        from sliced import _prewarm_tokenizers
+
+        _prewarm_tokenizers(Path(args.data).resolve(), args.prewarm)
+    tokenizer_s, lock, load = [0.0], threading.Lock(), tokenizers.Tokenizer.from_file
+
+    class Timed:
+        """A loaded tokenizer whose batch calls add their thread's CPU time to ``tokenizer_s``."""
+
+        def __init__(self, tok):
+            self._tok = tok
+
+        def __getattr__(self, name):
+            return getattr(self._tok, name)
+
+        def encode_batch_fast(self, *a, **kw):
+            t = time.thread_time()
+            try:
+                return self._tok.encode_batch_fast(*a, **kw)
+            finally:
+                with lock:
+                    tokenizer_s[0] += time.thread_time() - t
+
+    tokenizers.Tokenizer.from_file = lambda *a, **kw: Timed(load(*a, **kw))  # type: ignore[method-assign]
+    import zephon.loader as loader_module
+
+    collate_s = [0.0]
+    collate = loader_module.collate
+
+    def timed_collate(*a, **kw):
+        t = time.thread_time()
+        try:
+            return collate(*a, **kw)
+        finally:
+            collate_s[0] += time.thread_time() - t
+
+    loader_module.collate = timed_collate
+    # a checkout before the redesign has no flush_by: its cadence is by units, which --flush-by units matches
+    extra = {"flush_by": args.flush_by} if not args.zephon_src or args.flush_by != "units" else {}
+    it, close, _ = _pipelines.BUILDERS["zephon"](Path(args.data).resolve(), 32, 2048, workers=args.workers,
+                                                 runner="thread", algorithm=args.algorithm, **extra)
+    try:
+        for _ in range(args.warmup):
+            next(it)
+        collate_s[0] = tokenizer_s[0] = 0.0
+        faults0 = resource.getrusage(resource.RUSAGE_THREAD).ru_minflt
+        wall0, thread0, proc0 = time.perf_counter(), time.thread_time(), time.process_time()
+        for _ in range(args.batches):
+            next(it)
+        wall, thread, proc = (time.perf_counter() - wall0, time.thread_time() - thread0,
+                              time.process_time() - proc0)
+        tok = tokenizer_s[0]
+        faults = resource.getrusage(resource.RUSAGE_THREAD).ru_minflt - faults0
+    finally:
+        close()
+    n = args.batches
+    print(json.dumps({"trainer_ms": 1e3 * thread / n, "collate_ms": 1e3 * collate_s[0] / n,
+                      "rest_ms": 1e3 * (thread - collate_s[0]) / n, "process_ms": 1e3 * proc / n,
+                      "tokenizer_ms": 1e3 * tok / n, "workers_other_ms": 1e3 * (proc - thread - tok) / n,
+                      "wall_ms": 1e3 * wall / n, "trainer_faults": faults / n}), flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--data", default="bench_data")
+    ap.add_argument("--zephon-src", default="", help="a checkout whose zephon/ to compare with this one")
+    ap.add_argument("--pairs", type=int, default=3, help="runs of each side, alternating")
+    ap.add_argument("--batches", type=int, default=200)
+    ap.add_argument("--warmup", type=int, default=32)
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--algorithm", default="best_fit")
+    ap.add_argument("--flush-by", default="units", choices=("units", "chunks"))
+    ap.add_argument("--prewarm", type=int, default=0, help="documents each tokenizer encodes first (0: none)")
+    ap.add_argument("--json", default="")
+    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.child:
+        child(args)
+        return 0
+    sys.path.insert(0, str(HERE))
+    from _common import machine_info, require_data
+
+    require_data(Path(args.data).resolve())
+    sides = [("this checkout", "")] + ([("--zephon-src", args.zephon_src)] if args.zephon_src else [])
+    runs: dict[str, list[dict]] = {name: [] for name, _ in sides}
+    base = [sys.executable, __file__, "--child", "--data", args.data, "--batches", str(args.batches), "--warmup",
+            str(args.warmup), "--workers", str(args.workers), "--algorithm", args.algorithm,
+            "--flush-by", args.flush_by, "--prewarm", str(args.prewarm)]
+    for _ in range(args.pairs):
+        for name, src in sides:
+            out = subprocess.run(base + (["--zephon-src", src] if src else []), check=True, capture_output=True,
+                                 text=True).stdout
+            runs[name].append(json.loads(out.strip().splitlines()[-1]))
+    keys = ("trainer_ms", "collate_ms", "rest_ms", "process_ms", "tokenizer_ms", "workers_other_ms", "trainer_faults")
+    print(f"# {args.pairs} runs a side, {args.batches} batches of [32, 2048] each, {args.algorithm}, "
+          f"{args.workers} thread workers; medians, ms per batch (faults: per batch)")
+    print(f"| side | {' | '.join(keys)} |\n|---|{'---|' * len(keys)}")
+    for name, rs in runs.items():
+        print(f"| {name} | " + " | ".join(f"{median(r[k] for r in rs):.2f}" for k in keys) + " |")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"machine": machine_info(), "args": vars(args), "runs": runs}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
