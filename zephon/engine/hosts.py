@@ -34,7 +34,7 @@ from .processes import start_worker_server
 from .transfer import Outbox, discard, receive, share
 
 
-def _start_lanes(lanes: Sequence[Lane], states: Mapping[int, Any]) -> None:
+def start_lanes(lanes: Sequence[Lane], states: Mapping[int, Any]) -> None:
     """Reset ``lanes`` to their ``states`` (absent: the beginning) and put their first tasks in flight."""
     for lane in lanes:
         lane.reset(states.get(lane.lane))
@@ -55,7 +55,7 @@ class LocalLanes:
         self._lanes = [Lane(program, lane, executor_for, depth, self.events) for lane in lanes]
 
     def reset(self, states: dict[int, LaneState]) -> None:
-        _start_lanes(self._lanes, states)
+        start_lanes(self._lanes, states)
 
     def next_step(self) -> list[list[Row]]:
         return [next(lane) for lane in self._lanes]
@@ -122,7 +122,7 @@ def _lane_worker(pipeline: Any, lanes: list[int], states: dict[int, dict], out: 
         executor = ThreadExecutor(program.stages, 1)
         shared = list(events or [])
         nodes = [Lane(program, lane, lambda s, k: executor, 1, shared) for lane in lanes]
-        _start_lanes(nodes, states)
+        start_lanes(nodes, states)
         while not stop.is_set():
             item = ("step", share([(node.lane, next(node), node.get_state(), asdict(node.counters))
                                    for node in nodes], outbox))

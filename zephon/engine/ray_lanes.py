@@ -28,7 +28,7 @@ from dataclasses import asdict
 from typing import Any, Sequence
 
 from .executors import ThreadExecutor, check_picklable
-from .hosts import ProcessLanes
+from .hosts import ProcessLanes, start_lanes
 from .lane import Lane, LaneProgram
 from .ray_executor import ClusterLink, RayOptions, connect, remote_class, require_ray, reserve, stop_actors
 
@@ -55,12 +55,7 @@ class LaneActor:
         self.executor = ThreadExecutor(program.stages, 1)
         shared = list(events)
         self.nodes = [Lane(program, lane, lambda s, k: self.executor, 1, shared) for lane in lanes]
-        for node in self.nodes:
-            node.reset(states.get(node.lane))
-        for node in self.nodes:
-            node.prime(1)
-        for node in self.nodes:
-            node.prime()
+        start_lanes(self.nodes, states)  # as hosts._lane_worker: a resume's replay chunks in flight at once
 
     def pid(self) -> int:
         return os.getpid()
