@@ -37,7 +37,8 @@ def child(args: argparse.Namespace) -> None:
     if args.zephon_src:
         sys.path.insert(0, str(Path(args.zephon_src).resolve()))
     sys.path.insert(0, str(HERE))
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    # the tokenizer's own thread pool off: its work stays on the calling thread, where the per-call clock sees it
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"
     import resource
 
     import threading
