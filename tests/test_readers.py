@@ -498,3 +498,32 @@ def test_the_reader_cache_bounded_by_count_alone_evicts():
     for _ in range(12):  # "z" asked for often lately: it gets in
         cache.get("z", lambda: "zz")
     assert "z" in cache._data and len(cache._data) <= 2
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(texts=st.lists(st.one_of(st.none(), st.text(max_size=12)), min_size=1, max_size=12),
+       cut=st.data(), limit=st.integers(0, 24), kind=st.sampled_from(["string", "large_string", "string_view"]))
+def test_text_limit_measures_only_the_slice(texts, cut, limit, kind):
+    """limit_text_column's fast path measures a slice from its own offsets: the texts outside the slice
+    never count, and its answer is the per-row rule (skip every row over the limit), whatever the type."""
+    from zephon.readers.base import DocLimit, limit_text_column
+
+    start = cut.draw(st.integers(0, len(texts)))
+    stop = cut.draw(st.integers(start, len(texts)))
+    col = pa.array(texts, type=getattr(pa, kind)()).slice(start, stop - start)
+    expected = [None if t is None or len(t.encode()) > limit else t for t in texts[start:stop]]
+    assert limit_text_column(col, DocLimit(limit, "skip"), "s", "f.parquet", start) == expected
+
+
+def test_chunk_compact_keeps_every_per_record_value():
+    """Chunk.compact moves offsets, resume points and tails into one buffer, values unchanged."""
+    from zephon.records import Chunk
+
+    cursor, skip = np.array([3, 3, 7], dtype=np.int64), np.array([1, 0, 0], dtype=np.int64)
+    chunk = Chunk(0, 0, True, 0, 7, "f", {}, cursor.copy(), skip.copy(), offsets=np.array([0, 2, 5, 9], dtype=np.int64),
+                  tails=np.array([11, -100, -100], dtype=np.int64))
+    assert chunk.compact() is chunk
+    assert chunk.offsets.tolist() == [0, 2, 5, 9] and chunk.tails.tolist() == [11, -100, -100]
+    assert chunk.resume_cursor.tolist() == cursor.tolist() and chunk.resume_skip.tolist() == skip.tolist()
+    base = chunk.offsets.base
+    assert base is not None and all(a.base is base for a in (chunk.resume_cursor, chunk.resume_skip, chunk.tails))

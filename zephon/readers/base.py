@@ -75,7 +75,15 @@ def limit_text_column(col: Any, limit: DocLimit, source: str, path: str, first_r
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    if col.nbytes <= limit.max_bytes:  # the usual chunk: all its buffers together are under the limit
+    # the usual chunk: all its texts together are under the limit. Measured from the offsets, which keeps
+    # the GIL: nbytes releases it, and a worker then waits for it (BENCHMARKS.md 4d); string views: nbytes
+    width = np.int32 if col.type == pa.string() else np.int64 if col.type == pa.large_string() else None
+    if width is None or not len(col):
+        size = col.nbytes
+    else:
+        offsets = np.frombuffer(col.buffers()[1], dtype=width)
+        size = int(offsets[col.offset + len(col)] - offsets[col.offset])
+    if size <= limit.max_bytes:
         return col.to_pylist()
     measured = col.cast(pa.large_string()) if pa.types.is_string_view(col.type) else col  # no kernel for views
     over = pc.fill_null(pc.greater(pc.binary_length(measured), limit.max_bytes), False)
