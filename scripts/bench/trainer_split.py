@@ -12,7 +12,8 @@ work on this thread (merge, pack, whatever the host does) plus the per-step book
 less trainer less tokenizer: reading, the ids' conversion, split, ...). ``--prewarm DOCS`` makes each
 tokenizer encode the same documents first, as ``sliced.py --prewarm`` does, so that its word cache holds
 the same words on both sides. Runs alternate between this checkout and ``--zephon-src`` (``--pairs``
-times), so load drifts hit both.
+times), so load drifts hit both. ``tokenizer_waits`` counts the times a tokenizer call's thread blocked inside
+the call (voluntary context switches): for the GIL at its end, or for a lock inside, such as a malloc arena's.
 
     mkdir -p /tmp/zephon_e852 && git archive e852c99 zephon | tar -x -C /tmp/zephon_e852   # before the redesign
     python scripts/bench/trainer_split.py --data bench_data --zephon-src /tmp/zephon_e852 --pairs 3
@@ -51,7 +52,7 @@ def child(args: argparse.Namespace) -> None:
         from sliced import _prewarm_tokenizers
 
         _prewarm_tokenizers(Path(args.data).resolve(), args.prewarm)
-    tokenizer_s, lock, load = [0.0], threading.Lock(), tokenizers.Tokenizer.from_file
+    tokenizer_s, waits, lock, load = [0.0], [0], threading.Lock(), tokenizers.Tokenizer.from_file
 
     class Timed:
         """A loaded tokenizer whose batch calls add their thread's CPU time to ``tokenizer_s``."""
@@ -63,12 +64,13 @@ def child(args: argparse.Namespace) -> None:
             return getattr(self._tok, name)
 
         def encode_batch_fast(self, *a, **kw):
-            t = time.thread_time()
+            t, w = time.thread_time(), resource.getrusage(resource.RUSAGE_THREAD).ru_nvcsw
             try:
                 return self._tok.encode_batch_fast(*a, **kw)
             finally:
                 with lock:
                     tokenizer_s[0] += time.thread_time() - t
+                    waits[0] += resource.getrusage(resource.RUSAGE_THREAD).ru_nvcsw - w
 
     tokenizers.Tokenizer.from_file = lambda *a, **kw: Timed(load(*a, **kw))  # type: ignore[method-assign]
     import zephon.loader as loader_module
@@ -92,6 +94,7 @@ def child(args: argparse.Namespace) -> None:
         for _ in range(args.warmup):
             next(it)
         collate_s[0] = tokenizer_s[0] = 0.0
+        waits[0] = 0
         faults0 = resource.getrusage(resource.RUSAGE_THREAD).ru_minflt
         wall0, thread0, proc0 = time.perf_counter(), time.thread_time(), time.process_time()
         for _ in range(args.batches):
@@ -106,7 +109,8 @@ def child(args: argparse.Namespace) -> None:
     print(json.dumps({"trainer_ms": 1e3 * thread / n, "collate_ms": 1e3 * collate_s[0] / n,
                       "rest_ms": 1e3 * (thread - collate_s[0]) / n, "process_ms": 1e3 * proc / n,
                       "tokenizer_ms": 1e3 * tok / n, "workers_other_ms": 1e3 * (proc - thread - tok) / n,
-                      "wall_ms": 1e3 * wall / n, "trainer_faults": faults / n}), flush=True)
+                      "wall_ms": 1e3 * wall / n, "trainer_faults": faults / n, "tokenizer_waits": waits[0] / n}),
+          flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -140,9 +144,10 @@ def main(argv: list[str] | None = None) -> int:
             out = subprocess.run(base + (["--zephon-src", src] if src else []), check=True, capture_output=True,
                                  text=True).stdout
             runs[name].append(json.loads(out.strip().splitlines()[-1]))
-    keys = ("trainer_ms", "collate_ms", "rest_ms", "process_ms", "tokenizer_ms", "workers_other_ms", "trainer_faults")
+    keys = ("trainer_ms", "collate_ms", "rest_ms", "process_ms", "tokenizer_ms", "workers_other_ms", "trainer_faults",
+            "tokenizer_waits", "wall_ms")
     print(f"# {args.pairs} runs a side, {args.batches} batches of [32, 2048] each, {args.algorithm}, "
-          f"{args.workers} thread workers; medians, ms per batch (faults: per batch)")
+          f"{args.workers} thread workers; medians, ms per batch (faults, waits: per batch)")
     print(f"| side | {' | '.join(keys)} |\n|---|{'---|' * len(keys)}")
     for name, rs in runs.items():
         print(f"| {name} | " + " | ".join(f"{median(r[k] for r in rs):.2f}" for k in keys) + " |")
