@@ -68,9 +68,11 @@ def child(args: argparse.Namespace) -> None:
             try:
                 return self._tok.encode_batch_fast(*a, **kw)
             finally:
+                # read before taking the lock: a wait for it is not the tokenizer's
+                dt, dw = time.thread_time() - t, resource.getrusage(resource.RUSAGE_THREAD).ru_nvcsw - w
                 with lock:
-                    tokenizer_s[0] += time.thread_time() - t
-                    waits[0] += resource.getrusage(resource.RUSAGE_THREAD).ru_nvcsw - w
+                    tokenizer_s[0] += dt
+                    waits[0] += dw
 
     tokenizers.Tokenizer.from_file = lambda *a, **kw: Timed(load(*a, **kw))  # type: ignore[method-assign]
     import zephon.loader as loader_module

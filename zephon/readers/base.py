@@ -81,7 +81,7 @@ def limit_text_column(col: Any, limit: DocLimit, source: str, path: str, first_r
     if width is None or not len(col):
         size = col.nbytes
     else:
-        offsets = np.frombuffer(col.buffers()[1], dtype=width)
+        offsets = np.frombuffer(col.buffers()[1], dtype=width, count=col.offset + len(col) + 1)
         size = int(offsets[col.offset + len(col)] - offsets[col.offset])
     if size <= limit.max_bytes:
         return col.to_pylist()
