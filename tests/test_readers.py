@@ -514,16 +514,3 @@ def test_text_limit_measures_only_the_slice(texts, cut, limit, kind):
     expected = [None if t is None or len(t.encode()) > limit else t for t in texts[start:stop]]
     assert limit_text_column(col, DocLimit(limit, "skip"), "s", "f.parquet", start) == expected
 
-
-def test_chunk_compact_keeps_every_per_record_value():
-    """Chunk.compact moves offsets, resume points and tails into one buffer, values unchanged."""
-    from zephon.records import Chunk
-
-    cursor, skip = np.array([3, 3, 7], dtype=np.int64), np.array([1, 0, 0], dtype=np.int64)
-    chunk = Chunk(0, 0, True, 0, 7, "f", {}, cursor.copy(), skip.copy(), offsets=np.array([0, 2, 5, 9], dtype=np.int64),
-                  tails=np.array([11, -100, -100], dtype=np.int64))
-    assert chunk.compact() is chunk
-    assert chunk.offsets.tolist() == [0, 2, 5, 9] and chunk.tails.tolist() == [11, -100, -100]
-    assert chunk.resume_cursor.tolist() == cursor.tolist() and chunk.resume_skip.tolist() == skip.tolist()
-    base = chunk.offsets.base
-    assert base is not None and all(a.base is base for a in (chunk.resume_cursor, chunk.resume_skip, chunk.tails))

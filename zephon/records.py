@@ -242,27 +242,6 @@ class Chunk:
         messages."""
         return f"{self.path}, {self.coord} {int(self.resume_cursor[j - 1]) if j else self.start_cursor}"
 
-    _PER_RECORD = ("offsets", "resume_cursor", "resume_skip", "tails")
-
-    def compact(self) -> "Chunk":
-        """The per-record int64 arrays (offsets, resume points, tails) moved into one buffer, in place,
-        before a worker hands the chunk to the lane: the lane's thread then frees one block, not four small
-        ones. A small block freed on another thread than the one that made it travels (glibc's per-thread
-        cache, numpy's small-buffer cache) into other threads' allocations, where each later free or growth
-        of it locks the arena of the worker that made it: the tokenizer's calls on the other worker waited
-        on that lock (BENCHMARKS.md 4d)."""
-        arrays = [(name, a) for name in self._PER_RECORD
-                  if (a := getattr(self, name)) is not None and a.dtype == np.int64 and a.ndim == 1]
-        if len(arrays) > 1:
-            buf = np.empty(sum(len(a) for _, a in arrays), dtype=np.int64)
-            at = 0
-            for name, a in arrays:
-                view = buf[at:at + len(a)]
-                view[:] = a
-                setattr(self, name, view)
-                at += len(a)
-        return self
-
     # -- selection and expansion ------------------------------------------------------------------
     def select(self, keep: np.ndarray, renumber: bool = True) -> "Chunk":
         """Only the records at the sorted indices ``keep`` (dropped ones are counted as skipped).

@@ -132,10 +132,8 @@ class StageProgram:
                 chunk = run_off_main_thread(self._apply, transforms, chunk)
             else:
                 chunk = self._apply(transforms, chunk)
-        if stage == self.n_stages(source) - 1:
-            if chunk.skip_pending:
-                chunk = drop_delivered(chunk, self.names[source])
-            chunk.compact()
+        if stage == self.n_stages(source) - 1 and chunk.skip_pending:
+            chunk = drop_delivered(chunk, self.names[source])
         return chunk
 
     @staticmethod
