@@ -230,7 +230,7 @@ def _refuse_main_thread(text: str) -> bool:
 @pytest.fixture(scope="module")
 def long_doc_recipe(tmp_path_factory, corpus_texts, sp_model):
     """One Parquet source of ~2,000-character documents: every 64-row chunk is far above
-    zephon.tokenization.HELPER_MIN_CHARS, so every chunk is worth the helper thread."""
+    zephon.engine.stages.OFF_MAIN_MIN_CHARS, so every chunk is worth the helper thread."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -249,12 +249,12 @@ def long_doc_recipe(tmp_path_factory, corpus_texts, sp_model):
 
 @pytest.mark.parametrize("runner,workers", [("thread", 0), ("thread", 1), ("pool", 1), ("process", 1)])
 def test_large_chunks_are_never_tokenized_on_a_main_thread(long_doc_recipe, runner, workers):
-    """glibc serves main threads from its slower main malloc arena (zephon.tokenization.run_on_helper_thread),
+    """glibc serves main threads from its slower main malloc arena (zephon.engine.stages.run_off_main_thread),
     so inline, in a pool process or in a lane process, a large chunk's hooks and tokenizer run on a helper
     thread. The hook runs where the tokenizer runs, and refuses a main thread."""
-    from zephon.tokenization import HELPER_MIN_CHARS
+    from zephon.engine.stages import OFF_MAIN_MIN_CHARS
 
-    assert 64 * 2000 > HELPER_MIN_CHARS
+    assert 64 * 2000 > OFF_MAIN_MIN_CHARS
     expected = global_hashes(long_doc_recipe, 1, 3)
     loader = build_loader(long_doc_recipe, num_workers=workers, runner=runner, text_filter=_refuse_main_thread)
     try:
@@ -272,7 +272,7 @@ def _where_it_runs(text: str) -> bool:
 
 
 def test_small_chunks_stay_on_the_calling_thread(make_recipe, monkeypatch):
-    """Below HELPER_MIN_CHARS the hand-off costs more than it saves: the chunk stays where it is,
+    """Below OFF_MAIN_MIN_CHARS the hand-off costs more than it saves: the chunk stays where it is,
     and moving it changes nothing in the output."""
     from zephon.engine import stages as stages_mod
 
@@ -284,7 +284,7 @@ def test_small_chunks_stay_on_the_calling_thread(make_recipe, monkeypatch):
     stay = program.stages.run(0, 0, task)
     assert seen and set(seen) == {threading.main_thread().name}
     seen.clear()
-    monkeypatch.setattr(stages_mod, "HELPER_MIN_CHARS", 0)
+    monkeypatch.setattr(stages_mod, "OFF_MAIN_MIN_CHARS", 0)
     moved = program.stages.run(0, 0, task)
     assert seen and all(name.startswith("zephon-chunk-inline") for name in seen)
     assert (stay.token_fields["input_ids"].tobytes(), stay.offsets.tobytes(), stay.resume_cursor.tobytes()) == \

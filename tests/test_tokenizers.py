@@ -10,7 +10,6 @@ backends' own loaders (``SentencePieceProcessor``, ``tokenizers.Tokenizer.from_f
 from __future__ import annotations
 
 import json
-import threading
 from pathlib import Path
 
 import numpy as np
@@ -310,63 +309,3 @@ def test_a_containers_cpu_limit_counts_as_its_cores(tmp_path):
     assert cgroup_cpus(tmp_path) == 4
     (tmp_path / "cpu" / "cpu.cfs_quota_us").write_text("-1\n")
     assert cgroup_cpus(tmp_path) is None
-
-
-def _big(texts: list[str]) -> list[str]:
-    from zephon.tokenization import HELPER_MIN_CHARS
-
-    out, size = [], 0
-    while size < HELPER_MIN_CHARS:
-        out += texts
-        size += sum(map(len, texts))
-    return out
-
-
-def _on_a_thread(fn):
-    out: list = []
-    t = threading.Thread(target=lambda: out.append(fn()), name="trainer-side-worker")
-    t.start()
-    t.join()
-    return out[0]
-
-
-@pytest.mark.parametrize("kind", ["huggingface", "sentencepiece"])
-def test_a_large_call_runs_on_the_callers_own_helper_thread(kind, paths, texts, monkeypatch):
-    """A large backend call runs on a helper thread of the calling thread's own (glibc: the callers' caches
-    of freed blocks hold other threads' blocks, and the tokenizer then waits on their arenas; a main thread's
-    arena is slower), once, even when the caller is a helper, and gives the ids it gives in place."""
-    import zephon.tokenization as tokenization
-
-    tok = load_tokenizer(spec(kind, paths))
-    big, seen = _big(texts), []
-    backend = tok._encode
-    monkeypatch.setattr(tok, "_encode", lambda t: seen.append(threading.current_thread().name) or backend(t))
-    moved = _on_a_thread(lambda: tok.encode(big))
-    assert len(seen) == 1 and seen[0].startswith("zephon-chunk-tokenizer"), seen
-    from_main = tok.encode(big)
-    assert len(seen) == 2 and seen[1].startswith("zephon-chunk-inline"), seen
-    nested = tokenization.run_on_helper_thread(tok.encode, big)  # a helper's own calls stay on it
-    assert len(seen) == 3 and seen[2].startswith("zephon-chunk-inline"), seen
-    monkeypatch.setattr(tokenization, "HELPER_MIN_CHARS", 10 ** 12)
-    stay = _on_a_thread(lambda: tok.encode(big))
-    assert seen[3] == "trainer-side-worker"
-    for other in (from_main, nested, stay):
-        assert all(np.array_equal(a, b) for a, b in zip(moved, other))
-    assert len(moved[1]) == len(big) + 1
-
-
-def test_a_worker_threads_helper_ends_with_it(paths, texts):
-    """The helper belongs to its caller: when a worker thread ends, its helper thread ends too."""
-    tok = load_tokenizer(spec("huggingface", paths))
-    big = _big(texts)
-
-    def helpers() -> set[threading.Thread]:
-        return {t for t in threading.enumerate() if t.name.startswith("zephon-chunk-tokenizer")}
-
-    before = helpers()
-    started: list[set[threading.Thread]] = []
-    _on_a_thread(lambda: (tok.encode(big), started.append(helpers() - before)))
-    assert len(started[0]) == 1
-    helper = next(iter(started[0]))
-    helper.join(timeout=30)
-    assert not helper.is_alive()

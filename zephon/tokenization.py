@@ -23,11 +23,8 @@ from __future__ import annotations
 import base64
 import hashlib
 import itertools
-import os
 import re
-import threading
 import types
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path, PurePosixPath
 from typing import Any, Sequence
 
@@ -81,46 +78,6 @@ def _check_file(spec: TokenizerSpec) -> tuple[Path, str | None]:
         raise RecipeError(f"{where}: the file looks like {KIND_FILES[looks]}, not {KIND_FILES[kind]}. Set "
                           f"tokenizer.kind = '{looks}', or point tokenizer.path at {KIND_FILES[kind]}.")
     return path, looks
-
-
-# -- where a large call runs ---------------------------------------------------------------------------
-# glibc gives each thread a malloc arena and a cache of the small blocks it freed (tcache). A block made on
-# one thread and freed on another (a numpy array's shape or a small buffer, through numpy's process-wide
-# caches; a Python buffer handed between threads) joins the freeing thread's cache, and that thread's next
-# allocation of its size takes it. When the tokenizer, on that thread, grows or frees such a block, it
-# locks the other thread's arena and waits while that thread allocates: at 2 thread workers ~20 waits a
-# batch and ~5% of the tokenizer's time (BENCHMARKS.md 4d). On a main thread the main (brk) arena is ~20%
-# slower still (section 6). So a large call runs on a helper thread of the caller's own, which allocates
-# for nothing else, while the caller waits: the same work, one of the two busy at a time. Below
-# HELPER_MIN_CHARS the hand-off (waking two threads, ~0.1-1 ms on a VM) costs more than it saves.
-HELPER_MIN_CHARS = 16_384
-_local = threading.local()
-
-
-def run_on_helper_thread(fn: Any, *args: Any) -> Any:
-    """``fn(*args)``, computed on the calling thread's helper thread (started on first use, in this process),
-    or in place when called on a helper thread. Exceptions reach the caller.
-
-    Args:
-        fn: what to run.
-        *args: its arguments.
-
-    Returns:
-        ``fn(*args)``.
-    """
-    if getattr(_local, "is_helper", False):
-        return fn(*args)
-    own = getattr(_local, "helper", None)
-    if own is None or own[0] != os.getpid():  # a forked child inherits the thread-local, not the thread
-        prefix = "zephon-chunk-inline" if threading.current_thread() is threading.main_thread() \
-            else "zephon-chunk-tokenizer"
-        # a worker thread's helper exits with it: the thread-local drops the executor, which stops its thread
-        own = _local.helper = (os.getpid(), ThreadPoolExecutor(1, prefix, initializer=_mark_helper))
-    return own[1].submit(fn, *args).result()
-
-
-def _mark_helper() -> None:
-    _local.is_helper = True
 
 
 class Tokenizer:
@@ -458,7 +415,10 @@ class Tokenizer:
             ``(tokens, offsets)``: every document's ids, concatenated (int32 ``[T]``), and where each starts and
             the last ends (int64 ``[n + 1]``).
         """
-        return self.frame(*self.encode_plain(texts))
+        ids = self._encode(texts)
+        lengths = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
+        flat = np.fromiter(itertools.chain.from_iterable(ids), dtype=np.int32, count=int(lengths.sum()))
+        return self.frame(flat, lengths)
 
     def encode_plain(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
         """Tokenize texts without BOS/EOS (pieces of one document, framed later by the caller): one batched
@@ -470,12 +430,6 @@ class Tokenizer:
         Returns:
             ``(tokens, lengths)``: the ids concatenated (int32 ``[T]``) and each piece's count (int64 ``[n]``).
         """
-        if self.spec.kind != "tiktoken" and sum(map(len, texts)) >= HELPER_MIN_CHARS:  # tiktoken hands off itself
-            return run_on_helper_thread(self._encode_flat, texts)
-        return self._encode_flat(texts)
-
-    def _encode_flat(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
-        # the ids' lists die here too, on the thread that made them
         ids = self._encode(texts) if texts else []
         lengths = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
         return np.fromiter(itertools.chain.from_iterable(ids), dtype=np.int32, count=int(lengths.sum())), lengths

@@ -5,7 +5,7 @@ Why this exists: Zephon's pool and lane processes, and its inline runner, used t
 thread of their process, and were ~15% slower per token than the same work on a worker thread of the
 trainer. The cause is glibc's malloc: the main thread allocates from the main (brk) arena, every other
 thread from an arena of its own, and the Rust tokenizer's per-call allocations run slower on the main
-one. Zephon now hands such work to one helper thread (``zephon.tokenization.run_on_helper_thread``).
+one. Zephon now hands such work to one helper thread (``zephon.runner.run_off_main_thread``).
 
 How: the corpus's documents in chunks of ``--chunk`` (64, Zephon's ``read.chunk_rows``). Two tokenizer
 objects (each with its own BPE cache, so neither warms the other's) encode the same chunks, one on the

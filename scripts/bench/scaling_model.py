@@ -105,7 +105,7 @@ def thread_kind(t: threading.Thread) -> str:
     if t.name.startswith("zephon-steps-ahead"):
         return "steps_ahead"
     if t.name.startswith("zephon-chunk-inline"):
-        return "trainer"  # 0 workers only: the trainer waits for this helper (tokenization.run_on_helper_thread)
+        return "trainer"  # 0 workers only: the trainer waits for this helper (stages.run_off_main_thread)
     if t.name.startswith("zephon-chunk"):
         return "workers"
     return "other"

@@ -13,7 +13,9 @@ readers, tokenizers or caches, which each process builds for itself on first use
 
 from __future__ import annotations
 
+import os
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
@@ -23,8 +25,29 @@ from ..ops.base import Transform
 from ..readers.base import RawChunk
 from ..origins import file_id, read_origin, relative_file
 from ..records import Chunk, TokenColumn
-from ..tokenization import HELPER_MIN_CHARS, run_on_helper_thread
 from .errors import ResumeMismatch
+
+# glibc serves a process's main thread from its main (brk) malloc arena and every other thread from an
+# arena of its own; the tokenizers' per-call allocations run ~20% slower on the main arena (BENCHMARKS.md
+# section 6). So a chunk with this much text that would be processed on a main thread (inline, pool
+# processes) runs on one helper thread, waited for: the same work, one thread busy at a time. Below this
+# size the hand-off (waking two threads) costs more than the arena saves.
+OFF_MAIN_MIN_CHARS = 16_384
+_HELPER: "tuple[int, ThreadPoolExecutor] | None" = None  # (pid, executor): a forked child makes its own
+_HELPER_LOCK = threading.Lock()
+
+
+def run_off_main_thread(fn: Callable[..., Any], *args: Any) -> Any:
+    """``fn(*args)``, computed on this process's helper thread if called from the main thread."""
+    global _HELPER
+    if threading.current_thread() is not threading.main_thread():
+        return fn(*args)
+    with _HELPER_LOCK:
+        if _HELPER is None or _HELPER[0] != os.getpid():
+            _HELPER = (os.getpid(), ThreadPoolExecutor(1, thread_name_prefix="zephon-chunk-inline"))
+        executor = _HELPER[1]
+    return executor.submit(fn, *args).result()
+
 
 @dataclass(frozen=True)
 class Stage:
@@ -105,10 +128,8 @@ class StageProgram:
         chunk = self.read(source, item) if stage == 0 else item
         transforms = self.stages[source][stage].transforms if self.stages[source] else ()
         if transforms:
-            # a main thread's arena is slow for the tokenizer and its hooks: see tokenization.run_on_helper_thread
-            if stage == 0 and threading.current_thread() is threading.main_thread() and \
-                    _text_chars(chunk) >= HELPER_MIN_CHARS:
-                chunk = run_on_helper_thread(self._apply, transforms, chunk)
+            if stage == 0 and _text_chars(chunk) >= OFF_MAIN_MIN_CHARS:
+                chunk = run_off_main_thread(self._apply, transforms, chunk)
             else:
                 chunk = self._apply(transforms, chunk)
         if stage == self.n_stages(source) - 1 and chunk.skip_pending:
