@@ -15,17 +15,26 @@ the same words on both sides. Runs alternate between this checkout and ``--zepho
 times), so load drifts hit both. ``tokenizer_waits`` counts the times a tokenizer call's thread blocked inside
 the call (voluntary context switches): for the GIL at its end, or for a lock inside, such as a malloc arena's.
 
+``--heap`` asks where the tokenizer's waits come from instead (the timings are then not comparable): each
+child runs under ``heap_crossings.c`` (built with ``cc``, preloaded), which counts, per thread over the
+timed batches, the frees of blocks another thread's glibc arena made ("foreign"), and the mallocs that got
+such a block back from the thread's own cache of freed blocks. When the tokenizer grows or frees such a
+block it locks the other arena. Foreign frees are also counted by the library that called ``free``.
+
     mkdir -p /tmp/zephon_e852 && git archive e852c99 zephon | tar -x -C /tmp/zephon_e852   # before the redesign
     python scripts/bench/trainer_split.py --data bench_data --zephon-src /tmp/zephon_e852 --pairs 3
+    python scripts/bench/trainer_split.py --data bench_data --zephon-src /tmp/zephon_e852 --pairs 2 --heap
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from statistics import median
@@ -92,6 +101,7 @@ def child(args: argparse.Namespace) -> None:
     extra = {"flush_by": args.flush_by} if not args.zephon_src or args.flush_by != "units" else {}
     it, close, _ = _pipelines.BUILDERS["zephon"](Path(args.data).resolve(), 32, 2048, workers=args.workers,
                                                  runner="thread", algorithm=args.algorithm, **extra)
+    heap = ctypes.CDLL(os.environ["LD_PRELOAD"]) if args.heap else None
     try:
         for _ in range(args.warmup):
             next(it)
@@ -99,8 +109,14 @@ def child(args: argparse.Namespace) -> None:
         waits[0] = 0
         faults0 = resource.getrusage(resource.RUSAGE_THREAD).ru_minflt
         wall0, thread0, proc0 = time.perf_counter(), time.thread_time(), time.process_time()
+        if heap:
+            heap.heap_counting(1)
         for _ in range(args.batches):
             next(it)
+        if heap:
+            heap.heap_counting(0)
+            print(json.dumps(_heap_counts(heap, args.batches)), flush=True)
+            return
         wall, thread, proc = (time.perf_counter() - wall0, time.thread_time() - thread0,
                               time.process_time() - proc0)
         tok = tokenizer_s[0]
@@ -115,6 +131,37 @@ def child(args: argparse.Namespace) -> None:
           flush=True)
 
 
+def _heap_counts(heap, batches: int) -> dict[str, float]:
+    """heap_crossings.c's counts per batch, summed over the trainer's thread and over the workers' threads."""
+    import tempfile
+    import threading
+
+    kinds = {t.native_id: "trainer" if t is threading.main_thread() else "workers"
+             for t in threading.enumerate() if t is threading.main_thread() or t.name.startswith("zephon-chunk")}
+    out: dict[str, float] = {}
+    with tempfile.NamedTemporaryFile("r", suffix=".txt") as f:
+        heap.heap_dump(f.name.encode())
+        for line in f:
+            fields = line.split()
+            kind = kinds.get(int(fields[1]))
+            if kind is None:  # Arrow's and other libraries' own threads
+                continue
+            if fields[0] == "T":
+                for name, value in zip(("foreign_mallocs", "frees", "foreign_frees", "foreign_reallocs"), fields[2:]):
+                    out[f"{kind}_{name}"] = out.get(f"{kind}_{name}", 0) + int(value) / batches
+            else:  # the foreign frees by the library that called free
+                lib = Path(fields[2]).name.split(".")[0].removeprefix("lib")
+                out[f"{kind}_foreign_frees_in_{lib}"] = out.get(f"{kind}_foreign_frees_in_{lib}", 0) + \
+                    int(fields[3]) / batches
+    return out
+
+
+def _build_heap_shim(folder: str) -> str:
+    so = str(Path(folder) / "heap_crossings.so")
+    subprocess.run(["cc", "-O2", "-shared", "-fPIC", "-o", so, str(HERE / "heap_crossings.c")], check=True)
+    return so
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--data", default="bench_data")
@@ -126,6 +173,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--algorithm", default="best_fit")
     ap.add_argument("--flush-by", default="units", choices=("units", "chunks"))
     ap.add_argument("--prewarm", type=int, default=0, help="documents each tokenizer encodes first (0: none)")
+    ap.add_argument("--heap", action="store_true", help="count cross-thread heap blocks instead of timing")
     ap.add_argument("--json", default="")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -140,12 +188,21 @@ def main(argv: list[str] | None = None) -> int:
     runs: dict[str, list[dict]] = {name: [] for name, _ in sides}
     base = [sys.executable, __file__, "--child", "--data", args.data, "--batches", str(args.batches), "--warmup",
             str(args.warmup), "--workers", str(args.workers), "--algorithm", args.algorithm,
-            "--flush-by", args.flush_by, "--prewarm", str(args.prewarm)]
-    for _ in range(args.pairs):
-        for name, src in sides:
-            out = subprocess.run(base + (["--zephon-src", src] if src else []), check=True, capture_output=True,
-                                 text=True).stdout
-            runs[name].append(json.loads(out.strip().splitlines()[-1]))
+            "--flush-by", args.flush_by, "--prewarm", str(args.prewarm)] + (["--heap"] if args.heap else [])
+    with tempfile.TemporaryDirectory() as folder:
+        env = {**os.environ, "LD_PRELOAD": _build_heap_shim(folder)} if args.heap else None
+        for _ in range(args.pairs):
+            for name, src in sides:
+                out = subprocess.run(base + (["--zephon-src", src] if src else []), check=True, capture_output=True,
+                                     text=True, env=env).stdout
+                runs[name].append(json.loads(out.strip().splitlines()[-1]))
+    if args.heap:
+        keys = tuple(sorted({k for rs in runs.values() for r in rs for k in r}))
+        print(f"# {args.pairs} runs a side, {args.batches} batches each; medians per batch (a missing count: 0)")
+        print("| count | " + " | ".join(runs) + " |\n|---|" + "---|" * len(runs))
+        for k in keys:
+            print(f"| {k} | " + " | ".join(f"{median(r.get(k, 0) for r in rs):,.1f}" for rs in runs.values()) + " |")
+        return 0
     keys = ("trainer_ms", "collate_ms", "rest_ms", "process_ms", "tokenizer_ms", "workers_other_ms", "trainer_faults",
             "tokenizer_waits", "wall_ms")
     print(f"# {args.pairs} runs a side, {args.batches} batches of [32, 2048] each, {args.algorithm}, "
