@@ -1,3 +1,15 @@
+/* Blocks freed on a thread whose glibc arena did not make them: a preloaded malloc/free/realloc wrapper for
+   scripts/bench/trainer_split.py --heap, which builds it (cc -O2 -shared -fPIC) and reads heap_dump's lines:
+     N threads_counted                                            (more than 64: the counts are not per thread)
+     T tid foreign_mallocs frees foreign_frees foreign_reallocs   (one per thread, counted while heap_counting(1))
+     L tid library count                                         (the foreign frees by the library that called free)
+   "Foreign": made by another arena than the calling thread's own (threads can share an arena). A block going
+   round a thread's cache of freed blocks counts at every reuse: these are events, not distinct blocks.
+   The arena of a block is read from glibc's chunk header (x86_64, glibc 2.3x, glibc.malloc.hugetlb unset):
+   the size word's bit 2 marks an mmapped block, bit 4 one of a non-main arena, whose heap_info (arena
+   pointer first) starts at the block's address rounded down to 64 MiB. calloc and aligned allocations are
+   not wrapped (frees of them are counted). __builtin_return_address names free's immediate caller, so a
+   library that frees through another's wrapper (numpy through PyMem_RawFree) counts under the wrapper's. */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <stdint.h>
@@ -14,8 +26,9 @@ typedef struct { long tid, fmallocs, frees, foreign, foreign_re; const char *lib
 static thread_counts T[MAXT];
 static int threads;
 static volatile int on;
-static __thread int me = -1, busy;
-static __thread void *own;
+#define TLS __thread __attribute__((tls_model("initial-exec")))  /* no __tls_get_addr, which may malloc */
+static TLS int me = -1, busy;
+static TLS void *own;
 static void *arena_of(void *p) {  /* glibc chunk header: 2 = mmapped, 4 = not the main arena */
   size_t size = ((size_t *)p)[-1];
   if (size & 2) return (void *)1;
@@ -24,8 +37,8 @@ static void *arena_of(void *p) {  /* glibc chunk header: 2 = mmapped, 4 = not th
 static thread_counts *mine(void) {
   if (me < 0) {
     busy = 1;
-    void *q = __libc_malloc(24); own = arena_of(q); __libc_free(q);
-    me = __sync_fetch_and_add(&threads, 1); if (me >= MAXT) me = MAXT - 1;
+    void *q = __libc_malloc(4096); own = arena_of(q); __libc_free(q);  /* above tcache's sizes: from the arena */
+    me = __sync_fetch_and_add(&threads, 1); if (me >= MAXT) me = MAXT - 1;  /* past 64: shared; the dump's N line says */
     T[me].tid = syscall(SYS_gettid);
     busy = 0;
   }
@@ -58,9 +71,11 @@ void *malloc(size_t n) {
 void heap_counting(int enable) { on = enable; }
 void heap_dump(const char *path) {
   FILE *f = fopen(path, "w");
+  if (!f) return;
+  fprintf(f, "N\t%d\n", threads);
   for (int i = 0; i < threads && i < MAXT; i++) {
-    fprintf(f, "T %ld %ld %ld %ld %ld\n", T[i].tid, T[i].fmallocs, T[i].frees, T[i].foreign, T[i].foreign_re);
-    for (int k = 0; k < MAXL && T[i].lib[k]; k++) fprintf(f, "L %ld %s %ld\n", T[i].tid, T[i].lib[k], T[i].n[k]);
+    fprintf(f, "T\t%ld\t%ld\t%ld\t%ld\t%ld\n", T[i].tid, T[i].fmallocs, T[i].frees, T[i].foreign, T[i].foreign_re);
+    for (int k = 0; k < MAXL && T[i].lib[k]; k++) fprintf(f, "L\t%ld\t%s\t%ld\n", T[i].tid, T[i].lib[k], T[i].n[k]);
   }
   fclose(f);
 }

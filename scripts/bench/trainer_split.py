@@ -17,9 +17,9 @@ the call (voluntary context switches): for the GIL at its end, or for a lock ins
 
 ``--heap`` asks where the tokenizer's waits come from instead (the timings are then not comparable): each
 child runs under ``heap_crossings.c`` (built with ``cc``, preloaded), which counts, per thread over the
-timed batches, the frees of blocks another thread's glibc arena made ("foreign"), and the mallocs that got
-such a block back from the thread's own cache of freed blocks. When the tokenizer grows or frees such a
-block it locks the other arena. Foreign frees are also counted by the library that called ``free``.
+timed batches, the frees of blocks made by another glibc arena than the thread's own ("foreign"), the
+mallocs that got such a block back from the thread's own cache of freed blocks, and the reallocs of such
+blocks. When the tokenizer grows or frees such a block it locks the other arena. Foreign frees are also counted by the library that called ``free``.
 
     mkdir -p /tmp/zephon_e852 && git archive e852c99 zephon | tar -x -C /tmp/zephon_e852   # before the redesign
     python scripts/bench/trainer_split.py --data bench_data --zephon-src /tmp/zephon_e852 --pairs 3
@@ -101,7 +101,7 @@ def child(args: argparse.Namespace) -> None:
     extra = {"flush_by": args.flush_by} if not args.zephon_src or args.flush_by != "units" else {}
     it, close, _ = _pipelines.BUILDERS["zephon"](Path(args.data).resolve(), 32, 2048, workers=args.workers,
                                                  runner="thread", algorithm=args.algorithm, **extra)
-    heap = ctypes.CDLL(os.environ["LD_PRELOAD"]) if args.heap else None
+    heap = ctypes.CDLL(os.environ["LD_PRELOAD"].split()[0]) if args.heap else None
     try:
         for _ in range(args.warmup):
             next(it)
@@ -132,27 +132,34 @@ def child(args: argparse.Namespace) -> None:
 
 
 def _heap_counts(heap, batches: int) -> dict[str, float]:
-    """heap_crossings.c's counts per batch, summed over the trainer's thread and over the workers' threads."""
-    import tempfile
+    """heap_crossings.c's counts per batch, summed over the trainer's thread (with the inline helper it waits
+    for, as scaling_model.py counts it) and over the workers' threads; other libraries' threads left out."""
     import threading
 
-    kinds = {t.native_id: "trainer" if t is threading.main_thread() else "workers"
-             for t in threading.enumerate() if t is threading.main_thread() or t.name.startswith("zephon-chunk")}
+    def kind(t: threading.Thread) -> str | None:
+        if t is threading.main_thread() or t.name.startswith("zephon-chunk-inline"):
+            return "trainer"
+        return "workers" if t.name.startswith("zephon-chunk") else None
+
+    kinds = {t.native_id: kind(t) for t in threading.enumerate()}
     out: dict[str, float] = {}
     with tempfile.NamedTemporaryFile("r", suffix=".txt") as f:
         heap.heap_dump(f.name.encode())
         for line in f:
-            fields = line.split()
-            kind = kinds.get(int(fields[1]))
-            if kind is None:  # Arrow's and other libraries' own threads
+            fields = line.rstrip("\n").split("\t")
+            if fields[0] == "N":
+                if int(fields[1]) > 64:
+                    raise RuntimeError(f"{fields[1]} threads allocated: heap_crossings.c keeps 64 apart")
+                continue
+            who = kinds.get(int(fields[1]))
+            if who is None:
                 continue
             if fields[0] == "T":
                 for name, value in zip(("foreign_mallocs", "frees", "foreign_frees", "foreign_reallocs"), fields[2:]):
-                    out[f"{kind}_{name}"] = out.get(f"{kind}_{name}", 0) + int(value) / batches
+                    out[f"{who}_{name}"] = out.get(f"{who}_{name}", 0) + int(value) / batches
             else:  # the foreign frees by the library that called free
-                lib = Path(fields[2]).name.split(".")[0].removeprefix("lib")
-                out[f"{kind}_foreign_frees_in_{lib}"] = out.get(f"{kind}_foreign_frees_in_{lib}", 0) + \
-                    int(fields[3]) / batches
+                key = f"{who}_foreign_frees_in_{Path(fields[2]).name}"
+                out[key] = out.get(key, 0) + int(fields[3]) / batches
     return out
 
 
@@ -173,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--algorithm", default="best_fit")
     ap.add_argument("--flush-by", default="units", choices=("units", "chunks"))
     ap.add_argument("--prewarm", type=int, default=0, help="documents each tokenizer encodes first (0: none)")
-    ap.add_argument("--heap", action="store_true", help="count cross-thread heap blocks instead of timing")
+    ap.add_argument("--heap", action="store_true", help="count blocks freed by another arena's thread, not timing")
     ap.add_argument("--json", default="")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -190,7 +197,9 @@ def main(argv: list[str] | None = None) -> int:
             str(args.warmup), "--workers", str(args.workers), "--algorithm", args.algorithm,
             "--flush-by", args.flush_by, "--prewarm", str(args.prewarm)] + (["--heap"] if args.heap else [])
     with tempfile.TemporaryDirectory() as folder:
-        env = {**os.environ, "LD_PRELOAD": _build_heap_shim(folder)} if args.heap else None
+        env = {**os.environ, "LD_PRELOAD": " ".join(filter(None, [_build_heap_shim(folder),
+                                                                  os.environ.get("LD_PRELOAD")]))} \
+            if args.heap else None
         for _ in range(args.pairs):
             for name, src in sides:
                 out = subprocess.run(base + (["--zephon-src", src] if src else []), check=True, capture_output=True,
@@ -198,10 +207,15 @@ def main(argv: list[str] | None = None) -> int:
                 runs[name].append(json.loads(out.strip().splitlines()[-1]))
     if args.heap:
         keys = tuple(sorted({k for rs in runs.values() for r in rs for k in r}))
-        print(f"# {args.pairs} runs a side, {args.batches} batches each; medians per batch (a missing count: 0)")
+        print(f"# {args.pairs} runs a side, {args.batches} batches of [32, 2048] each, {args.algorithm}, "
+              f"{args.workers} thread workers, flush_by {args.flush_by}; medians of events per batch (a missing "
+              f"one: 0); foreign: a block another arena than the thread's own made")
         print("| count | " + " | ".join(runs) + " |\n|---|" + "---|" * len(runs))
         for k in keys:
             print(f"| {k} | " + " | ".join(f"{median(r.get(k, 0) for r in rs):,.1f}" for rs in runs.values()) + " |")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"machine": machine_info(), "args": vars(args), "runs": runs}, indent=1))
+    if args.heap:
         return 0
     keys = ("trainer_ms", "collate_ms", "rest_ms", "process_ms", "tokenizer_ms", "workers_other_ms", "trainer_faults",
             "tokenizer_waits", "wall_ms")
@@ -210,8 +224,6 @@ def main(argv: list[str] | None = None) -> int:
     print(f"| side | {' | '.join(keys)} |\n|---|{'---|' * len(keys)}")
     for name, rs in runs.items():
         print(f"| {name} | " + " | ".join(f"{median(r[k] for r in rs):.2f}" for k in keys) + " |")
-    if args.json:
-        Path(args.json).write_text(json.dumps({"machine": machine_info(), "args": vars(args), "runs": runs}, indent=1))
     return 0
 
 
