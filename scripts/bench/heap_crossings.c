@@ -3,14 +3,19 @@
      N threads_counted                                            (more than 64: the counts are not per thread)
      T tid foreign_mallocs frees foreign_frees foreign_reallocs   (one per thread, counted while heap_counting(1))
      L tid library count                                         (the foreign frees by the library that called free)
+     P tid count file:line(function) < its caller's              (the foreign frees made with the GIL held, by
+                                                                  the Python line running then)
    "Foreign": made by another arena than the calling thread's own (threads can share an arena). A block going
    round a thread's cache of freed blocks counts at every reuse: these are events, not distinct blocks.
    The arena of a block is read from glibc's chunk header (x86_64, glibc 2.3x, glibc.malloc.hugetlb unset):
    the size word's bit 2 marks an mmapped block, bit 4 one of a non-main arena, whose heap_info (arena
    pointer first) starts at the block's address rounded down to 64 MiB. calloc and aligned allocations are
    not wrapped (frees of them are counted). __builtin_return_address names free's immediate caller, so a
-   library that frees through another's wrapper (numpy through PyMem_RawFree) counts under the wrapper's. */
+   library that frees through another's wrapper (numpy through PyMem_RawFree) counts under the wrapper's.
+   Built against the running Python's headers; the Python line is read only where the freeing thread holds
+   the GIL (a diagnostic: it may make frame objects inside free). */
 #define _GNU_SOURCE
+#include <Python.h>
 #include <dlfcn.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -26,6 +31,38 @@ typedef struct { long tid, fmallocs, frees, foreign, foreign_re; const char *lib
 static thread_counts T[MAXT];
 static int threads;
 static volatile int on;
+#define NP 512
+typedef struct { long tid, n; char where[160]; } python_line;
+static python_line P[NP];
+
+static void count_python_line(long tid) {  /* under busy: what Python allocates here is not counted */
+  if (!Py_IsInitialized() || !PyGILState_Check()) return;
+  char where[160] = "";
+  int len = 0;
+  PyFrameObject *f = PyEval_GetFrame();
+  Py_XINCREF(f);
+  for (int depth = 0; f && depth < 2 && len < (int)sizeof where; depth++) {
+    PyCodeObject *code = PyFrame_GetCode(f);
+    const char *file = PyUnicode_AsUTF8(code->co_filename), *name = PyUnicode_AsUTF8(code->co_name);
+    const char *base = file ? strrchr(file, '/') : NULL;
+    len += snprintf(where + len, sizeof where - len, "%s%s:%d(%s)", depth ? " < " : "",
+                    base ? base + 1 : (file ? file : "?"), PyFrame_GetLineNumber(f), name ? name : "?");
+    Py_DECREF(code);
+    PyFrameObject *back = PyFrame_GetBack(f);
+    Py_DECREF(f);
+    f = back;
+  }
+  Py_XDECREF(f);
+  if (PyErr_Occurred()) PyErr_Clear();
+  if (!len) return;
+  unsigned h = (unsigned)tid;
+  for (const char *c = where; *c; c++) h = h * 33 + (unsigned char)*c;
+  for (int i = 0; i < NP; i++) {  /* the GIL holder is the only writer */
+    python_line *e = &P[(h + i) % NP];
+    if (!e->n) { e->tid = tid; snprintf(e->where, sizeof e->where, "%s", where); e->n = 1; return; }
+    if (e->tid == tid && !strcmp(e->where, where)) { e->n++; return; }
+  }
+}
 #define TLS __thread __attribute__((tls_model("initial-exec")))  /* no __tls_get_addr, which may malloc */
 static TLS int me = -1, busy;
 static TLS void *own;
@@ -55,6 +92,7 @@ static void count(void *p, void *caller, int re) {
   t->foreign++;
   busy = 1;
   Dl_info d; const char *lib = (dladdr(caller, &d) && d.dli_fname) ? d.dli_fname : "?";
+  count_python_line(t->tid);
   busy = 0;
   for (int i = 0; i < MAXL; i++) {
     if (!t->lib[i]) t->lib[i] = lib;
@@ -73,6 +111,8 @@ void heap_dump(const char *path) {
   FILE *f = fopen(path, "w");
   if (!f) return;
   fprintf(f, "N\t%d\n", threads);
+  for (int i = 0; i < NP; i++)
+    if (P[i].n) fprintf(f, "P\t%ld\t%ld\t%s\n", P[i].tid, P[i].n, P[i].where);
   for (int i = 0; i < threads && i < MAXT; i++) {
     fprintf(f, "T\t%ld\t%ld\t%ld\t%ld\t%ld\n", T[i].tid, T[i].fmallocs, T[i].frees, T[i].foreign, T[i].foreign_re);
     for (int k = 0; k < MAXL && T[i].lib[k]; k++) fprintf(f, "L\t%ld\t%s\t%ld\n", T[i].tid, T[i].lib[k], T[i].n[k]);

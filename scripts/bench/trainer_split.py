@@ -19,7 +19,8 @@ the call (voluntary context switches): for the GIL at its end, or for a lock ins
 child runs under ``heap_crossings.c`` (built with ``cc``, preloaded), which counts, per thread over the
 timed batches, the frees of blocks made by another glibc arena than the thread's own ("foreign"), the
 mallocs that got such a block back from the thread's own cache of freed blocks, and the reallocs of such
-blocks. When the tokenizer grows or frees such a block it locks the other arena. Foreign frees are also counted by the library that called ``free``.
+blocks. When the tokenizer grows or frees such a block it locks the other arena. Foreign frees are also counted by the library that called ``free``, and
+(where the GIL is held) by the Python line running then, with its caller.
 
     mkdir -p /tmp/zephon_e852 && git archive e852c99 zephon | tar -x -C /tmp/zephon_e852   # before the redesign
     python scripts/bench/trainer_split.py --data bench_data --zephon-src /tmp/zephon_e852 --pairs 3
@@ -154,7 +155,10 @@ def _heap_counts(heap, batches: int) -> dict[str, float]:
             who = kinds.get(int(fields[1]))
             if who is None:
                 continue
-            if fields[0] == "T":
+            if fields[0] == "P":  # the Python line running (GIL held) when a foreign block was freed
+                key = f"{who}_foreign_frees_under {fields[3]}"
+                out[key] = out.get(key, 0) + int(fields[2]) / batches
+            elif fields[0] == "T":
                 for name, value in zip(("foreign_mallocs", "frees", "foreign_frees", "foreign_reallocs"), fields[2:]):
                     out[f"{who}_{name}"] = out.get(f"{who}_{name}", 0) + int(value) / batches
             else:  # the foreign frees by the library that called free
@@ -165,7 +169,10 @@ def _heap_counts(heap, batches: int) -> dict[str, float]:
 
 def _build_heap_shim(folder: str) -> str:
     so = str(Path(folder) / "heap_crossings.so")
-    subprocess.run(["cc", "-O2", "-shared", "-fPIC", "-o", so, str(HERE / "heap_crossings.c")], check=True)
+    import sysconfig
+
+    subprocess.run(["cc", "-O2", "-shared", "-fPIC", f"-I{sysconfig.get_paths()['include']}", "-o", so,
+                    str(HERE / "heap_crossings.c")], check=True)
     return so
 
 
@@ -212,7 +219,9 @@ def main(argv: list[str] | None = None) -> int:
               f"one: 0); foreign: a block another arena than the thread's own made")
         print("| count | " + " | ".join(runs) + " |\n|---|" + "---|" * len(runs))
         for k in keys:
-            print(f"| {k} | " + " | ".join(f"{median(r.get(k, 0) for r in rs):,.1f}" for rs in runs.values()) + " |")
+            values = [median(r.get(k, 0) for r in rs) for rs in runs.values()]
+            if "_under " not in k or max(values) >= 0.1:  # Python lines: only those of 0.1 a batch or more
+                print(f"| {k} | " + " | ".join(f"{v:,.1f}" for v in values) + " |")
     if args.json:
         Path(args.json).write_text(json.dumps({"machine": machine_info(), "args": vars(args), "runs": runs}, indent=1))
     if args.heap:
