@@ -3,8 +3,8 @@
      N threads_counted                                            (more than 64: the counts are not per thread)
      T tid foreign_mallocs frees foreign_frees foreign_reallocs   (one per thread, counted while heap_counting(1))
      L tid library count                                         (the foreign frees by the library that called free)
-     P tid count file:line(function) < its caller's              (the foreign frees made with the GIL held, by
-                                                                  the Python line running then)
+     P tid count library file:line(function) < its caller's      (the foreign frees made with the GIL held, by
+                                                                  the library calling free and the Python line)
    "Foreign": made by another arena than the calling thread's own (threads can share an arena). A block going
    round a thread's cache of freed blocks counts at every reuse: these are events, not distinct blocks.
    The arena of a block is read from glibc's chunk header (x86_64, glibc 2.3x, glibc.malloc.hugetlb unset):
@@ -12,8 +12,10 @@
    pointer first) starts at the block's address rounded down to 64 MiB. calloc and aligned allocations are
    not wrapped (frees of them are counted). __builtin_return_address names free's immediate caller, so a
    library that frees through another's wrapper (numpy through PyMem_RawFree) counts under the wrapper's.
-   Built against the running Python's headers; the Python line is read only where the freeing thread holds
-   the GIL (a diagnostic: it may make frame objects inside free). */
+   Built against the running Python's headers (3.11.1 or later: earlier, a dying frame could still be the
+   current one); the Python line is read only where the freeing thread holds the GIL, with the garbage
+   collector paused and any pending exception kept. It may make frame objects inside free, which are
+   allocated and freed on that thread too: a diagnostic, not a clean room. */
 #define _GNU_SOURCE
 #include <Python.h>
 #include <dlfcn.h>
@@ -32,35 +34,59 @@ static thread_counts T[MAXT];
 static int threads;
 static volatile int on;
 #define NP 512
-typedef struct { long tid, n; char where[160]; } python_line;
+typedef struct { long tid, n; const char *lib; char where[160]; } python_line;
 static python_line P[NP];
 
-static void count_python_line(long tid) {  /* under busy: what Python allocates here is not counted */
-  if (!Py_IsInitialized() || !PyGILState_Check()) return;
+/* Weak: a program that inherits LD_PRELOAD without libpython still loads this (the Python part then sleeps). */
+#pragma weak Py_IsInitialized
+#pragma weak PyGILState_Check
+#pragma weak PyEval_GetFrame
+#pragma weak PyFrame_GetCode
+#pragma weak PyFrame_GetBack
+#pragma weak PyFrame_GetLineNumber
+#pragma weak PyUnicode_AsUTF8
+#pragma weak PyErr_Fetch
+#pragma weak PyErr_Restore
+#pragma weak PyGC_Disable
+#pragma weak PyGC_Enable
+#pragma weak _Py_Dealloc
+
+/* Called under busy: what Python allocates here is not counted. */
+static void count_python_line(long tid, const char *lib) {
+  if (!Py_IsInitialized || !Py_IsInitialized() || !PyGILState_Check()) return;
+  PyObject *type, *value, *traceback;
+  PyErr_Fetch(&type, &value, &traceback);  /* an exception being unwound stays the caller's */
+  int gc_was_on = PyGC_Disable();          /* a frame object made here must not start a collection */
   char where[160] = "";
   int len = 0;
   PyFrameObject *f = PyEval_GetFrame();
   Py_XINCREF(f);
-  for (int depth = 0; f && depth < 2 && len < (int)sizeof where; depth++) {
+  for (int depth = 0; f && len < (int)sizeof where; depth++) {
     PyCodeObject *code = PyFrame_GetCode(f);
     const char *file = PyUnicode_AsUTF8(code->co_filename), *name = PyUnicode_AsUTF8(code->co_name);
     const char *base = file ? strrchr(file, '/') : NULL;
     len += snprintf(where + len, sizeof where - len, "%s%s:%d(%s)", depth ? " < " : "",
                     base ? base + 1 : (file ? file : "?"), PyFrame_GetLineNumber(f), name ? name : "?");
     Py_DECREF(code);
-    PyFrameObject *back = PyFrame_GetBack(f);
+    PyFrameObject *back = depth < 1 ? PyFrame_GetBack(f) : NULL;  /* the line and its caller */
     Py_DECREF(f);
     f = back;
   }
   Py_XDECREF(f);
-  if (PyErr_Occurred()) PyErr_Clear();
+  if (gc_was_on) PyGC_Enable();
+  PyErr_Restore(type, value, traceback);
   if (!len) return;
+  const char *slash = strrchr(lib, '/');
+  lib = slash ? slash + 1 : lib;
   unsigned h = (unsigned)tid;
   for (const char *c = where; *c; c++) h = h * 33 + (unsigned char)*c;
-  for (int i = 0; i < NP; i++) {  /* the GIL holder is the only writer */
+  for (const char *c = lib; *c; c++) h = h * 33 + (unsigned char)*c;
+  for (int i = 0; i < NP; i++) {  /* the GIL holder is the only writer (heap_dump reads after counting stops) */
     python_line *e = &P[(h + i) % NP];
-    if (!e->n) { e->tid = tid; snprintf(e->where, sizeof e->where, "%s", where); e->n = 1; return; }
-    if (e->tid == tid && !strcmp(e->where, where)) { e->n++; return; }
+    if (!e->n) {
+      e->tid = tid; e->lib = lib; snprintf(e->where, sizeof e->where, "%s", where); e->n = 1; return;
+    }
+    if (e->tid == tid && e->lib == lib && !strcmp(e->where, where)) { e->n++; return; }
   }
 }
 #define TLS __thread __attribute__((tls_model("initial-exec")))  /* no __tls_get_addr, which may malloc */
@@ -75,7 +101,8 @@ static thread_counts *mine(void) {
   if (me < 0) {
     busy = 1;
     void *q = __libc_malloc(4096); own = arena_of(q); __libc_free(q);  /* above tcache's sizes: from the arena */
-    me = __sync_fetch_and_add(&threads, 1); if (me >= MAXT) me = MAXT - 1;  /* past 64: shared; the dump's N line says */
+    /* past 64 threads the last slot is shared; the dump's N line says so */
+    me = __sync_fetch_and_add(&threads, 1); if (me >= MAXT) me = MAXT - 1;
     T[me].tid = syscall(SYS_gettid);
     busy = 0;
   }
@@ -92,7 +119,7 @@ static void count(void *p, void *caller, int re) {
   t->foreign++;
   busy = 1;
   Dl_info d; const char *lib = (dladdr(caller, &d) && d.dli_fname) ? d.dli_fname : "?";
-  count_python_line(t->tid);
+  count_python_line(t->tid, lib);
   busy = 0;
   for (int i = 0; i < MAXL; i++) {
     if (!t->lib[i]) t->lib[i] = lib;
@@ -103,7 +130,11 @@ void free(void *p) { count(p, __builtin_return_address(0), 0); __libc_free(p); }
 void *realloc(void *p, size_t n) { count(p, 0, 1); return __libc_realloc(p, n); }
 void *malloc(size_t n) {
   void *p = __libc_malloc(n);
-  if (on && !busy && p) { thread_counts *t = mine(); void *a = arena_of(p); if (a != (void *)1 && a != own) t->fmallocs++; }
+  if (on && !busy && p) {
+    thread_counts *t = mine();
+    void *a = arena_of(p);
+    if (a != (void *)1 && a != own) t->fmallocs++;
+  }
   return p;
 }
 void heap_counting(int enable) { on = enable; }
@@ -112,7 +143,7 @@ void heap_dump(const char *path) {
   if (!f) return;
   fprintf(f, "N\t%d\n", threads);
   for (int i = 0; i < NP; i++)
-    if (P[i].n) fprintf(f, "P\t%ld\t%ld\t%s\n", P[i].tid, P[i].n, P[i].where);
+    if (P[i].n) fprintf(f, "P\t%ld\t%ld\t%s\t%s\n", P[i].tid, P[i].n, P[i].lib, P[i].where);
   for (int i = 0; i < threads && i < MAXT; i++) {
     fprintf(f, "T\t%ld\t%ld\t%ld\t%ld\t%ld\n", T[i].tid, T[i].fmallocs, T[i].frees, T[i].foreign, T[i].foreign_re);
     for (int k = 0; k < MAXL && T[i].lib[k]; k++) fprintf(f, "L\t%ld\t%s\t%ld\n", T[i].tid, T[i].lib[k], T[i].n[k]);

@@ -16,11 +16,11 @@ times), so load drifts hit both. ``tokenizer_waits`` counts the times a tokenize
 the call (voluntary context switches): for the GIL at its end, or for a lock inside, such as a malloc arena's.
 
 ``--heap`` asks where the tokenizer's waits come from instead (the timings are then not comparable): each
-child runs under ``heap_crossings.c`` (built with ``cc``, preloaded), which counts, per thread over the
-timed batches, the frees of blocks made by another glibc arena than the thread's own ("foreign"), the
-mallocs that got such a block back from the thread's own cache of freed blocks, and the reallocs of such
-blocks. When the tokenizer grows or frees such a block it locks the other arena. Foreign frees are also counted by the library that called ``free``, and
-(where the GIL is held) by the Python line running then, with its caller.
+child runs under ``heap_crossings.c`` (built with ``cc``, preloaded), which counts, per thread over the timed
+batches, the frees of blocks made by another glibc arena than the thread's own ("foreign"), the mallocs that
+got such a block back from the thread's own cache of freed blocks, and the reallocs of such blocks. When the
+tokenizer grows or frees such a block it locks the other arena. Foreign frees are also counted by the library
+that called ``free``, and (where the GIL is held) by the Python line running then, with its caller.
 
     mkdir -p /tmp/zephon_e852 && git archive e852c99 zephon | tar -x -C /tmp/zephon_e852   # before the redesign
     python scripts/bench/trainer_split.py --data bench_data --zephon-src /tmp/zephon_e852 --pairs 3
@@ -155,8 +155,8 @@ def _heap_counts(heap, batches: int) -> dict[str, float]:
             who = kinds.get(int(fields[1]))
             if who is None:
                 continue
-            if fields[0] == "P":  # the Python line running (GIL held) when a foreign block was freed
-                key = f"{who}_foreign_frees_under {fields[3]}"
+            if fields[0] == "P":  # the library and Python line (GIL held) under which a foreign block was freed
+                key = f"{who}_foreign_frees_in_{fields[3]}_under {fields[4]}"
                 out[key] = out.get(key, 0) + int(fields[2]) / batches
             elif fields[0] == "T":
                 for name, value in zip(("foreign_mallocs", "frees", "foreign_frees", "foreign_reallocs"), fields[2:]):
@@ -171,6 +171,8 @@ def _build_heap_shim(folder: str) -> str:
     so = str(Path(folder) / "heap_crossings.so")
     import sysconfig
 
+    if sys.version_info[:3] == (3, 11, 0):
+        raise SystemExit("--heap needs Python 3.11.1 or later (heap_crossings.c reads the running frame)")
     subprocess.run(["cc", "-O2", "-shared", "-fPIC", f"-I{sysconfig.get_paths()['include']}", "-o", so,
                     str(HERE / "heap_crossings.c")], check=True)
     return so
@@ -209,9 +211,11 @@ def main(argv: list[str] | None = None) -> int:
             if args.heap else None
         for _ in range(args.pairs):
             for name, src in sides:
-                out = subprocess.run(base + (["--zephon-src", src] if src else []), check=True, capture_output=True,
-                                     text=True, env=env).stdout
-                runs[name].append(json.loads(out.strip().splitlines()[-1]))
+                done = subprocess.run(base + (["--zephon-src", src] if src else []), capture_output=True, text=True,
+                                      env=env)
+                if done.returncode:
+                    raise SystemExit(f"the {name} run failed:\n{done.stderr[-3000:]}")
+                runs[name].append(json.loads(done.stdout.strip().splitlines()[-1]))
     if args.heap:
         keys = tuple(sorted({k for rs in runs.values() for r in rs for k in r}))
         print(f"# {args.pairs} runs a side, {args.batches} batches of [32, 2048] each, {args.algorithm}, "
