@@ -35,7 +35,9 @@ import json
 import os
 import subprocess
 import sys
+import sysconfig
 import tempfile
+import threading
 import time
 from pathlib import Path
 from statistics import median
@@ -51,8 +53,6 @@ def child(args: argparse.Namespace) -> None:
     # the tokenizer's own thread pool off: its work stays on the calling thread, where the per-call clock sees it
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
     import resource
-
-    import threading
 
     import tokenizers
 
@@ -133,17 +133,14 @@ def child(args: argparse.Namespace) -> None:
 
 
 def _heap_counts(heap, batches: int) -> dict[str, float]:
-    """heap_crossings.c's counts per batch, summed over the trainer's thread (with the inline helper it waits
-    for, as scaling_model.py counts it) and over the workers' threads; other libraries' threads left out."""
-    import threading
+    """heap_crossings.c's counts per batch, summed by kind of thread (scaling_model.thread_kind: the trainer
+    with the inline helper it waits for, the workers, ...); threads Python did not start are left out."""
+    from collections import defaultdict
 
-    def kind(t: threading.Thread) -> str | None:
-        if t is threading.main_thread() or t.name.startswith("zephon-chunk-inline"):
-            return "trainer"
-        return "workers" if t.name.startswith("zephon-chunk") else None
+    from scaling_model import thread_kind
 
-    kinds = {t.native_id: kind(t) for t in threading.enumerate()}
-    out: dict[str, float] = {}
+    kinds = {t.native_id: thread_kind(t) for t in threading.enumerate()}
+    out: defaultdict[str, float] = defaultdict(float)
     with tempfile.NamedTemporaryFile("r", suffix=".txt") as f:
         heap.heap_dump(f.name.encode())
         for line in f:
@@ -155,24 +152,20 @@ def _heap_counts(heap, batches: int) -> dict[str, float]:
             who = kinds.get(int(fields[1]))
             if who is None:
                 continue
-            if fields[0] == "P":  # the library and Python line (GIL held) under which a foreign block was freed
-                key = f"{who}_foreign_frees_in_{fields[3]}_under {fields[4]}"
-                out[key] = out.get(key, 0) + int(fields[2]) / batches
-            elif fields[0] == "T":
+            if fields[0] == "T":
                 for name, value in zip(("foreign_mallocs", "frees", "foreign_frees", "foreign_reallocs"), fields[2:]):
-                    out[f"{who}_{name}"] = out.get(f"{who}_{name}", 0) + int(value) / batches
-            else:  # the foreign frees by the library that called free
-                key = f"{who}_foreign_frees_in_{Path(fields[2]).name}"
-                out[key] = out.get(key, 0) + int(fields[3]) / batches
-    return out
+                    out[f"{who}_{name}"] += int(value) / batches
+            elif fields[0] == "L":  # the foreign frees by the library that called free
+                out[f"{who}_foreign_frees_in_{Path(fields[2]).name}"] += int(fields[3]) / batches
+            else:  # "P": the library and Python line (GIL held) under which a foreign block was freed
+                out[f"{who}_foreign_frees_in_{fields[3]}_under {fields[4]}"] += int(fields[2]) / batches
+    return dict(out)
 
 
 def _build_heap_shim(folder: str) -> str:
-    so = str(Path(folder) / "heap_crossings.so")
-    import sysconfig
-
     if sys.version_info[:3] == (3, 11, 0):
         raise SystemExit("--heap needs Python 3.11.1 or later (heap_crossings.c reads the running frame)")
+    so = str(Path(folder) / "heap_crossings.so")
     subprocess.run(["cc", "-O2", "-shared", "-fPIC", f"-I{sysconfig.get_paths()['include']}", "-o", so,
                     str(HERE / "heap_crossings.c")], check=True)
     return so
@@ -216,6 +209,8 @@ def main(argv: list[str] | None = None) -> int:
                 if done.returncode:
                     raise SystemExit(f"the {name} run failed:\n{done.stderr[-3000:]}")
                 runs[name].append(json.loads(done.stdout.strip().splitlines()[-1]))
+    if args.json:
+        Path(args.json).write_text(json.dumps({"machine": machine_info(), "args": vars(args), "runs": runs}, indent=1))
     if args.heap:
         keys = tuple(sorted({k for rs in runs.values() for r in rs for k in r}))
         print(f"# {args.pairs} runs a side, {args.batches} batches of [32, 2048] each, {args.algorithm}, "
@@ -226,9 +221,6 @@ def main(argv: list[str] | None = None) -> int:
             values = [median(r.get(k, 0) for r in rs) for rs in runs.values()]
             if "_under " not in k or max(values) >= 0.1:  # Python lines: only those of 0.1 a batch or more
                 print(f"| {k} | " + " | ".join(f"{v:,.1f}" for v in values) + " |")
-    if args.json:
-        Path(args.json).write_text(json.dumps({"machine": machine_info(), "args": vars(args), "runs": runs}, indent=1))
-    if args.heap:
         return 0
     keys = ("trainer_ms", "collate_ms", "rest_ms", "process_ms", "tokenizer_ms", "workers_other_ms", "trainer_faults",
             "tokenizer_waits", "wall_ms")
