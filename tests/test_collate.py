@@ -32,8 +32,10 @@ def reference(rows, S, pad):
     out = {k: np.zeros((B, S), np.int64) for k in ("input_ids", "labels", "position_ids", "segment_ids")}
     out["input_ids"][:] = pad
     out["labels"][:] = IGNORE
+    cu = []  # where each segment and each row's padding starts in the flattened batch, then the end
     for b, row in enumerate(rows):
         at = 0
+        cu.append(b * S)
         for k, (n, tail) in enumerate(zip(row.seg_lens, row.tails)):
             seg = row.tokens[at:at + n]
             out["input_ids"][b, at:at + n] = seg
@@ -41,7 +43,12 @@ def reference(rows, S, pad):
             out["labels"][b, at + n - 1] = tail
             out["position_ids"][b, at:at + n] = np.arange(n)
             out["segment_ids"][b, at:at + n] = k + 1
+            if at:
+                cu.append(b * S + at)
             at += n
+        if at < S:
+            cu.append(b * S + at)
+    out["cu_seqlens"] = np.array(sorted(set(cu)) + [B * S])
     return out
 
 
@@ -51,7 +58,7 @@ def test_collate_matches_the_per_row_reference(data, pad):
     S, rows = data
     got = collate(rows, S, pad)
     ref = reference(rows, S, pad)
-    for key, want in ref.items():
+    for key, want in ref.items():  # cu_seqlens included: every segment's and every padding's start
         assert np.array_equal(got[key].numpy(), want), key
     assert np.array_equal(got["loss_mask"].numpy(), ref["labels"] != IGNORE)
     assert got["input_ids"].dtype == got["labels"].dtype == got["position_ids"].dtype == torch.int64
@@ -74,3 +81,11 @@ def test_global_digest_equals_digest_of_the_concatenated_batch():
     parts = [collate(rows[:1], 8, 0), collate(rows[1:3], 8, 0), collate(rows[3:], 8, 0)]
     assert global_digest(parts) == batch_digest(whole)
     assert global_digest(parts[::-1]) != batch_digest(whole)  # rank order matters
+
+
+def test_a_piece_of_no_tokens_adds_no_boundary():
+    """cu_seqlens holds each boundary once, also where an accumulator put an empty piece between two others."""
+    row = Row(8)
+    for n in (3, 0, 2):
+        row.add({"input_ids": np.arange(n, dtype=np.int32)}, 0, n, IGNORE)
+    assert collate([row], 8, 0)["cu_seqlens"].tolist() == [0, 3, 5, 8]
