@@ -22,9 +22,16 @@ got such a block back from the thread's own cache of freed blocks, and the reall
 tokenizer grows or frees such a block it locks the other arena. Foreign frees are also counted by the library
 that called ``free``, and (where the GIL is held) by the Python line running then, with its caller.
 
+``--memo`` times Zephon's own Python instead, without the tokenizer and without threads: the loader runs with
+0 workers, every stage on the calling thread, and each ``encode_batch_fast`` result is memoised in a first pass
+over the same batches, so that a timed pass on a fresh loader costs only what surrounds the tokenizer. The
+process's CPU per batch is split into the chunks' work (reading, the ids' conversion, the transforms: the time
+inside each checkout's per-chunk entry point) and the lanes' (mix, pack, collate, bookkeeping).
+
     mkdir -p /tmp/zephon_e852 && git archive e852c99 zephon | tar -x -C /tmp/zephon_e852   # before the redesign
     python scripts/bench/trainer_split.py --data bench_data --zephon-src /tmp/zephon_e852 --pairs 3
     python scripts/bench/trainer_split.py --data bench_data --zephon-src /tmp/zephon_e852 --pairs 2 --heap
+    python scripts/bench/trainer_split.py --data bench_data --zephon-src /tmp/zephon_e852 --pairs 4 --memo
 """
 
 from __future__ import annotations
@@ -45,11 +52,86 @@ from statistics import median
 HERE = Path(__file__).resolve().parent
 
 
+def memo_child(args: argparse.Namespace) -> None:
+    """``--memo``: one run in this process, on one thread with the tokenizer's results memoised; one JSON line."""
+    import importlib
+
+    import tokenizers
+
+    import _pipelines
+
+    memo: dict[tuple[str, ...], object] = {}
+    load = tokenizers.Tokenizer.from_file
+
+    class Memoised:
+        """A loaded tokenizer whose batch calls give the first call's result for the same texts again."""
+
+        def __init__(self, tok):
+            self._tok = tok
+
+        def __getattr__(self, name):
+            return getattr(self._tok, name)
+
+        def encode_batch_fast(self, texts, *a, **kw):
+            key = tuple(texts)
+            if key not in memo:
+                memo[key] = self._tok.encode_batch_fast(texts, *a, **kw)
+            return memo[key]
+
+    tokenizers.Tokenizer.from_file = lambda *a, **kw: Memoised(load(*a, **kw))  # type: ignore[method-assign]
+    # each checkout's per-chunk entry point, and its helper thread for large chunks bypassed (one thread)
+    import zephon
+
+    # asked of the files, not of the import system: an editable install's finder would find this checkout's
+    # zephon.engine for a --zephon-src package that has none
+    if (Path(zephon.__file__).parent / "engine" / "stages.py").exists():
+        module = importlib.import_module("zephon.engine.stages")
+        owner, entry = module.StageProgram, "run"
+    else:  # a checkout from before the redesign
+        module = importlib.import_module("zephon.runner")
+        owner, entry = module.ChunkWorker, "__call__"
+    module.run_off_main_thread = lambda fn, *a: fn(*a)
+    chunk_s = [0.0]
+    inner = getattr(owner, entry)
+
+    def timed(*a, **kw):
+        t = time.thread_time()
+        try:
+            return inner(*a, **kw)
+        finally:
+            chunk_s[0] += time.thread_time() - t
+
+    setattr(owner, entry, timed)
+    extra = {"flush_by": args.flush_by} if not args.zephon_src or args.flush_by != "units" else {}
+
+    def build():
+        return _pipelines.BUILDERS["zephon"](Path(args.data).resolve(), 32, 2048, workers=0, runner="thread",
+                                             algorithm=args.algorithm, **extra)
+
+    for _ in range(2):  # the first pass fills the memo; the second, on a fresh loader, is timed
+        it, close, _ = build()
+        try:
+            for _ in range(args.warmup):
+                next(it)
+            chunk_s[0], t0 = 0.0, time.process_time()
+            for _ in range(args.batches):
+                next(it)
+            total = time.process_time() - t0
+        finally:
+            close()
+    n = args.batches
+    print(json.dumps({"total_ms": 1e3 * total / n, "chunks_ms": 1e3 * chunk_s[0] / n,
+                      "lanes_ms": 1e3 * (total - chunk_s[0]) / n}), flush=True)
+
+
 def child(args: argparse.Namespace) -> None:
     """One run in this process: print one JSON line of per-batch figures."""
     if args.zephon_src:
         sys.path.insert(0, str(Path(args.zephon_src).resolve()))
     sys.path.insert(0, str(HERE))
+    if args.memo:
+        memo_child(args)
+        return
     # the tokenizer's own thread pool off: its work stays on the calling thread, where the per-call clock sees it
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
     import resource
@@ -183,6 +265,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--flush-by", default="units", choices=("units", "chunks"))
     ap.add_argument("--prewarm", type=int, default=0, help="documents each tokenizer encodes first (0: none)")
     ap.add_argument("--heap", action="store_true", help="count blocks freed by another arena's thread, not timing")
+    ap.add_argument("--memo", action="store_true",
+                    help="time Zephon's own work on one thread, each tokenizer result memoised (not the tokenizer)")
     ap.add_argument("--json", default="")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -197,7 +281,8 @@ def main(argv: list[str] | None = None) -> int:
     runs: dict[str, list[dict]] = {name: [] for name, _ in sides}
     base = [sys.executable, __file__, "--child", "--data", args.data, "--batches", str(args.batches), "--warmup",
             str(args.warmup), "--workers", str(args.workers), "--algorithm", args.algorithm,
-            "--flush-by", args.flush_by, "--prewarm", str(args.prewarm)] + (["--heap"] if args.heap else [])
+            "--flush-by", args.flush_by, "--prewarm", str(args.prewarm)] + (["--heap"] if args.heap else []) \
+        + (["--memo"] if args.memo else [])
     with tempfile.TemporaryDirectory() as folder:
         env = {**os.environ, "LD_PRELOAD": " ".join(filter(None, [_build_heap_shim(folder),
                                                                   os.environ.get("LD_PRELOAD")]))} \
@@ -222,10 +307,15 @@ def main(argv: list[str] | None = None) -> int:
             if "_under " not in k or max(values) >= 0.1:  # Python lines: only those of 0.1 a batch or more
                 print(f"| {k} | " + " | ".join(f"{v:,.1f}" for v in values) + " |")
         return 0
-    keys = ("trainer_ms", "collate_ms", "rest_ms", "process_ms", "tokenizer_ms", "workers_other_ms", "trainer_faults",
-            "tokenizer_waits", "wall_ms")
-    print(f"# {args.pairs} runs a side, {args.batches} batches of [32, 2048] each, {args.algorithm}, "
-          f"{args.workers} thread workers; medians, ms per batch (faults, waits: per batch)")
+    if args.memo:
+        keys: tuple[str, ...] = ("total_ms", "chunks_ms", "lanes_ms")
+        print(f"# {args.pairs} runs a side, {args.batches} batches of [32, 2048] each, {args.algorithm}, one thread, "
+              f"tokenizer results memoised; medians, CPU ms per batch")
+    else:
+        keys = ("trainer_ms", "collate_ms", "rest_ms", "process_ms", "tokenizer_ms", "workers_other_ms",
+                "trainer_faults", "tokenizer_waits", "wall_ms")
+        print(f"# {args.pairs} runs a side, {args.batches} batches of [32, 2048] each, {args.algorithm}, "
+              f"{args.workers} thread workers; medians, ms per batch (faults, waits: per batch)")
     print(f"| side | {' | '.join(keys)} |\n|---|{'---|' * len(keys)}")
     for name, rs in runs.items():
         print(f"| {name} | " + " | ".join(f"{median(r[k] for r in rs):.2f}" for k in keys) + " |")
