@@ -41,7 +41,6 @@ class ParquetReader(GroupedReader):
         self.chunk_rows = chunk_rows
         self.doc_limit = doc_limit  # [read] max_doc_bytes / oversize, applied to texts
         self._files = LRU(256)  # (path, thread) -> ParquetFile: every lane's file, per worker thread
-        self._starts = LRU(4096)  # path -> its row groups' starts: every chunk read looks them up
         # Decoded columns of row groups, shared by this process's lanes and threads.
         self._columns = LRU(1024, max_size=cache_bytes, size_of=lambda col: col.nbytes)
 
@@ -63,10 +62,8 @@ class ParquetReader(GroupedReader):
 
     def group_starts(self, path: str) -> np.ndarray:
         """Cumulative row offsets of the row groups of ``path``: [0, n0, n0+n1, ..., total]."""
-        def make() -> np.ndarray:
-            meta = self._open(path).metadata
-            return row_starts([meta.row_group(i).num_rows for i in range(meta.num_row_groups)])
-        return self._starts.get(path, make)
+        meta = self._open(path).metadata
+        return row_starts([meta.row_group(i).num_rows for i in range(meta.num_row_groups)])
 
     row_group_starts = group_starts  # Parquet's own name for them
 
