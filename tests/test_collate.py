@@ -62,6 +62,7 @@ def test_collate_matches_the_per_row_reference(data, pad):
         assert np.array_equal(got[key].numpy(), want), key
     assert np.array_equal(got["loss_mask"].numpy(), ref["labels"] != IGNORE)
     assert got["input_ids"].dtype == got["labels"].dtype == got["position_ids"].dtype == torch.int64
+    assert got["cu_seqlens"].dtype == torch.int32
     # cu_seqlens: strictly increasing boundaries of the flattened batch, consistent with segment_ids
     cu = got["cu_seqlens"].numpy()
     assert cu[0] == 0 and cu[-1] == len(rows) * S and np.all(np.diff(cu) > 0)
@@ -84,8 +85,13 @@ def test_global_digest_equals_digest_of_the_concatenated_batch():
 
 
 def test_a_piece_of_no_tokens_adds_no_boundary():
-    """cu_seqlens holds each boundary once, also where an accumulator put an empty piece between two others."""
+    """cu_seqlens holds each boundary once, as np.union1d gave it, also around an empty piece (only cu_seqlens is
+    checked: position_ids and labels assume pieces of at least one token)."""
     row = Row(8)
     for n in (3, 0, 2):
         row.add({"input_ids": np.arange(n, dtype=np.int32)}, 0, n, IGNORE)
     assert collate([row], 8, 0)["cu_seqlens"].tolist() == [0, 3, 5, 8]
+
+
+def test_no_rows_give_one_boundary():
+    assert collate([], 8, 0)["cu_seqlens"].tolist() == [0]

@@ -22,11 +22,14 @@ got such a block back from the thread's own cache of freed blocks, and the reall
 tokenizer grows or frees such a block it locks the other arena. Foreign frees are also counted by the library
 that called ``free``, and (where the GIL is held) by the Python line running then, with its caller.
 
-``--memo`` times Zephon's own Python instead, without the tokenizer and without threads: the loader runs with
-0 workers, every stage on the calling thread, and each ``encode_batch_fast`` result is memoised in a first pass
-over the same batches, so that a timed pass on a fresh loader costs only what surrounds the tokenizer. The
-process's CPU per batch is split into the chunks' work (reading, the ids' conversion, the transforms: the time
-inside each checkout's per-chunk entry point) and the lanes' (mix, pack, collate, bookkeeping).
+``--memo`` times Zephon's own Python instead, without the tokenizer's work: the loader runs with 0 workers,
+every stage on the calling thread, and each ``encode_batch_fast`` result is memoised in a first, untimed pass
+over the same batches, so that a second, timed pass on a fresh loader costs only what surrounds the tokenizer
+(the run fails if that pass misses the memo). The process's CPU per batch is split into the chunks' work
+(reading, the ids' conversion, the transforms, and the memo's lookup, about 20 µs a call: the time inside each
+checkout's per-chunk entry point, ``StageProgram.run`` or, before the redesign, ``ChunkWorker.__call__``, so
+the line between the two sides is drawn where each checkout draws it) and the lanes' (mix, pack, collate,
+bookkeeping).
 
     mkdir -p /tmp/zephon_e852 && git archive e852c99 zephon | tar -x -C /tmp/zephon_e852   # before the redesign
     python scripts/bench/trainer_split.py --data bench_data --zephon-src /tmp/zephon_e852 --pairs 3
@@ -52,33 +55,47 @@ from statistics import median
 HERE = Path(__file__).resolve().parent
 
 
+def _thread_timed(fn, total: list[float]):
+    """``fn``, adding the calling thread's CPU time inside each call to ``total[0]``."""
+    def timed(*a, **kw):
+        t = time.thread_time()
+        try:
+            return fn(*a, **kw)
+        finally:
+            total[0] += time.thread_time() - t
+    return timed
+
+
 def memo_child(args: argparse.Namespace) -> None:
     """``--memo``: one run in this process, on one thread with the tokenizer's results memoised; one JSON line."""
+    import gc
     import importlib
 
     import tokenizers
 
     import _pipelines
 
-    memo: dict[tuple[str, ...], object] = {}
+    memo: dict[tuple[str, tuple[str, ...]], object] = {}
+    misses = [0]
     load = tokenizers.Tokenizer.from_file
 
     class Memoised:
         """A loaded tokenizer whose batch calls give the first call's result for the same texts again."""
 
-        def __init__(self, tok):
-            self._tok = tok
+        def __init__(self, tok, path):
+            self._tok, self._path = tok, str(path)
 
         def __getattr__(self, name):
             return getattr(self._tok, name)
 
         def encode_batch_fast(self, texts, *a, **kw):
-            key = tuple(texts)
+            key = (self._path, tuple(texts))  # a checkout may load its tokenizer again for the second loader
             if key not in memo:
+                misses[0] += 1
                 memo[key] = self._tok.encode_batch_fast(texts, *a, **kw)
             return memo[key]
 
-    tokenizers.Tokenizer.from_file = lambda *a, **kw: Memoised(load(*a, **kw))  # type: ignore[method-assign]
+    tokenizers.Tokenizer.from_file = lambda path, **kw: Memoised(load(path, **kw), path)  # type: ignore[method-assign]
     # each checkout's per-chunk entry point, and its helper thread for large chunks bypassed (one thread)
     import zephon
 
@@ -92,16 +109,7 @@ def memo_child(args: argparse.Namespace) -> None:
         owner, entry = module.ChunkWorker, "__call__"
     module.run_off_main_thread = lambda fn, *a: fn(*a)
     chunk_s = [0.0]
-    inner = getattr(owner, entry)
-
-    def timed(*a, **kw):
-        t = time.thread_time()
-        try:
-            return inner(*a, **kw)
-        finally:
-            chunk_s[0] += time.thread_time() - t
-
-    setattr(owner, entry, timed)
+    setattr(owner, entry, _thread_timed(getattr(owner, entry), chunk_s))
     extra = {"flush_by": args.flush_by} if not args.zephon_src or args.flush_by != "units" else {}
 
     def build():
@@ -113,12 +121,15 @@ def memo_child(args: argparse.Namespace) -> None:
         try:
             for _ in range(args.warmup):
                 next(it)
-            chunk_s[0], t0 = 0.0, time.process_time()
+            gc.collect()  # the first pass's garbage is not the timed pass's work
+            chunk_s[0], misses[0], t0 = 0.0, 0, time.process_time()
             for _ in range(args.batches):
                 next(it)
             total = time.process_time() - t0
         finally:
             close()
+    if misses[0]:
+        raise SystemExit(f"--memo: the timed pass made {misses[0]} tokenizer calls the first pass had not made")
     n = args.batches
     print(json.dumps({"total_ms": 1e3 * total / n, "chunks_ms": 1e3 * chunk_s[0] / n,
                       "lanes_ms": 1e3 * (total - chunk_s[0]) / n}), flush=True)
@@ -129,11 +140,11 @@ def child(args: argparse.Namespace) -> None:
     if args.zephon_src:
         sys.path.insert(0, str(Path(args.zephon_src).resolve()))
     sys.path.insert(0, str(HERE))
+    # the tokenizer's own thread pool off: its work stays on the calling thread, where the per-call clock sees it
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"
     if args.memo:
         memo_child(args)
         return
-    # the tokenizer's own thread pool off: its work stays on the calling thread, where the per-call clock sees it
-    os.environ["TOKENIZERS_PARALLELISM"] = "false"
     import resource
 
     import tokenizers
@@ -170,16 +181,7 @@ def child(args: argparse.Namespace) -> None:
     import zephon.loader as loader_module
 
     collate_s = [0.0]
-    collate = loader_module.collate
-
-    def timed_collate(*a, **kw):
-        t = time.thread_time()
-        try:
-            return collate(*a, **kw)
-        finally:
-            collate_s[0] += time.thread_time() - t
-
-    loader_module.collate = timed_collate
+    loader_module.collate = _thread_timed(loader_module.collate, collate_s)
     # a checkout before the redesign has no flush_by: its cadence is by units, which --flush-by units matches
     extra = {"flush_by": args.flush_by} if not args.zephon_src or args.flush_by != "units" else {}
     it, close, _ = _pipelines.BUILDERS["zephon"](Path(args.data).resolve(), 32, 2048, workers=args.workers,
@@ -270,6 +272,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", default="")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.memo and args.heap:
+        ap.error("--memo and --heap are two different runs: pick one")
+    if args.memo:
+        args.workers = 0  # what the memo runs use, and what --json records
     if args.child:
         child(args)
         return 0
