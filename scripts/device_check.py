@@ -41,7 +41,8 @@ time is recorded as such and the next one starts; the whole check stays under --
                  torchdata.nodes) and vl_pipeline.py (Zephon thread and process runners, Grain; the script has
                  no torchdata.nodes peer), on corpora generated there by make_corpus.py and make_vl_corpus.py
                  (built in the background while the first parts run). Zephon's batch hashes must agree across
-                 worker counts and runners.
+                 worker counts and runners. A peer's configuration that times out is run once more (its entry
+                 says ``retried_after``); Zephon's are not.
 
 Megatron-LM (what the megatron_lm part needs): the tag core_v0.16.1 (the megatron-core version CI tests,
 plugins/megatron/README.md), these paths of it under .megatron-lm/: pretrain_gpt.py, gpt_builders.py,
@@ -729,14 +730,23 @@ def part_throughput(task: dict[str, Any]) -> dict[str, Any]:
                 if name == "vl_fetch":
                     t["mode"] = "fetch"
                 r = run_task(script, t, timeout=min(prof["run_cap"], left))
+                retried = None
+                if not r.get("ok") and cfg["kind"] != "zephon" \
+                        and str(r.get("error", "")).startswith("timed out") and sub_deadline - time.time() >= 8:
+                    # a peer that hangs once (Grain's processes did, once, on a loaded 2-core CI machine) is run
+                    # again and the retry recorded; Zephon's own configurations get no second try
+                    retried = r.get("error")
+                    r = run_task(script, t, timeout=min(prof["run_cap"], sub_deadline - time.time()))
                 results[cfg["name"]] = {**cfg, **r}
                 if r.get("ok"):
                     table.setdefault(peer, {})[str(w)] = {
                         "ok": True, metric: r[metric], "first_batch_s": round(r["first_batch_s"], 3),
                         "peak_rss_mb": round(r["peak_rss_mb"]), "wall_s": round(r["wall_s"], 1),
-                        **({"usable_tokens_per_s": r["usable_tokens_per_s"]} if "usable_tokens_per_s" in r else {})}
+                        **({"usable_tokens_per_s": r["usable_tokens_per_s"]} if "usable_tokens_per_s" in r else {}),
+                        **({"retried_after": retried} if retried else {})}
                 else:
-                    table.setdefault(peer, {})[str(w)] = {"ok": False, "error": (r.get("error") or "")[:400]}
+                    table.setdefault(peer, {})[str(w)] = {"ok": False, "error": (r.get("error") or "")[:400],
+                                                         **({"retried_after": retried} if retried else {})}
                     problems.append(f"{name}: {cfg['name']} failed")
         lines, mismatch, _ = _targets.zephon_hash_check(results)
         if mismatch:

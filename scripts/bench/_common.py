@@ -39,6 +39,13 @@ SINGLE_THREAD_ENV = {
 }
 
 
+def has_flush_by(src: str | Path) -> bool:
+    """Whether the Zephon checkout at ``src`` (a folder holding ``zephon/``) has the ``flush_by`` setting. One from
+    before it existed flushes by units and takes no such setting; a later one defaults to ``"chunks"``, so a
+    comparison by units must pass it to both sides."""
+    return any("flush_by" in f.read_text() for f in (Path(src) / "zephon").rglob("*.py"))
+
+
 def apply_single_thread_env() -> None:
     """Call before importing tokenizers/torch in a process that was not started by :func:`run_task`."""
     for k, v in SINGLE_THREAD_ENV.items():

@@ -43,7 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _targets  # noqa: E402
 from _common import (  # noqa: E402
-    REPO, child_env, fmt_table, machine_info, only_patterns, pin_cpus, require_data, select_configs,
+    REPO, child_env, fmt_table, has_flush_by, machine_info, only_patterns, pin_cpus, require_data, select_configs,
 )
 
 # counter file layout, int64 each: tokens delivered, ready flag (1 ready, -1 failed), stop flag, CPU
@@ -319,8 +319,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="before/after: also run every chosen Zephon configuration on this checkout's zephon/, as "
                          "NAME_before, in the same passes")
     ap.add_argument("--flush-by", default="", choices=("", "units", "chunks"),
-                    help="this checkout's Zephon configurations with this sentinel cadence (units: the batches "
-                         "of a checkout from before flush_by existed, so --zephon-src hashes agree)")
+                    help="the Zephon configurations with this sentinel cadence, a --zephon-src checkout's too where it "
+                         "has flush_by (units: the batches of a checkout from before flush_by existed, so "
+                         "--zephon-src hashes agree)")
     ap.add_argument("--tokenizer-cpu", action="store_true",
                     help="also split each configuration's CPU per token into the tokenizer's calls and the rest")
     ap.add_argument("--tokenizer-pool", action="store_true",
@@ -360,10 +361,11 @@ def main(argv: list[str] | None = None) -> int:
                 for c in cfgs]
     if args.zephon_src:
         src = str(Path(args.zephon_src).resolve())
+        keep_flush_by = has_flush_by(src)  # a checkout from before flush_by existed flushes by units
         before = []
         for c in cfgs:
             if c["kind"] == "zephon":
-                params = {k: v for k, v in c.get("params", {}).items() if k != "flush_by"}
+                params = {k: v for k, v in c.get("params", {}).items() if k != "flush_by" or keep_flush_by}
                 before.append({**c, "name": c["name"] + "_before", "params": params, "zephon_src": src})
         cfgs += before
     if args.tokenizer_pool:

@@ -26,10 +26,10 @@ that called ``free``, and (where the GIL is held) by the Python line running the
 every stage on the calling thread, and each ``encode_batch_fast`` result is memoised in a first, untimed pass
 over the same batches, so that a second, timed pass on a fresh loader costs only what surrounds the tokenizer
 (the run fails if that pass misses the memo). The process's CPU per batch is split into the chunks' work
-(reading, the ids' conversion, the transforms, and the memo's lookup, about 20 µs a call: the time inside each
-checkout's per-chunk entry point, ``StageProgram.run`` or, before the redesign, ``ChunkWorker.__call__``, so
-the line between the two sides is drawn where each checkout draws it) and the lanes' (mix, pack, collate,
-bookkeeping).
+(reading, Arrow's decoding on its own threads included, the ids' conversion, the transforms, and the memo's
+lookup, tens of µs a call: the process's CPU inside each checkout's per-chunk entry point, ``StageProgram.run``
+or, before the redesign, ``ChunkWorker.__call__``, so the line between the two sides is drawn where each
+checkout draws it) and the lanes' (mix, pack, collate, bookkeeping). ``--prewarm`` does not apply.
 
     mkdir -p /tmp/zephon_e852 && git archive e852c99 zephon | tar -x -C /tmp/zephon_e852   # before the redesign
     python scripts/bench/trainer_split.py --data bench_data --zephon-src /tmp/zephon_e852 --pairs 3
@@ -55,14 +55,25 @@ from statistics import median
 HERE = Path(__file__).resolve().parent
 
 
-def _thread_timed(fn, total: list[float]):
-    """``fn``, adding the calling thread's CPU time inside each call to ``total[0]``."""
+def _flush_by(args: argparse.Namespace) -> dict[str, str]:
+    """The builder's flush_by: given to both sides, but for a checkout from before it existed (which flushes by units)."""
+    from _common import has_flush_by
+
+    if not args.zephon_src or has_flush_by(args.zephon_src):
+        return {"flush_by": args.flush_by}
+    if args.flush_by != "units":
+        raise SystemExit(f"--zephon-src {args.zephon_src} has no flush_by (it flushes by units): use --flush-by units")
+    return {}
+
+
+def _timed(fn, total: list[float], clock=time.thread_time):
+    """``fn``, adding the ``clock`` time inside each call to ``total[0]``."""
     def timed(*a, **kw):
-        t = time.thread_time()
+        t = clock()
         try:
             return fn(*a, **kw)
         finally:
-            total[0] += time.thread_time() - t
+            total[0] += clock() - t
     return timed
 
 
@@ -109,8 +120,9 @@ def memo_child(args: argparse.Namespace) -> None:
         owner, entry = module.ChunkWorker, "__call__"
     module.run_off_main_thread = lambda fn, *a: fn(*a)
     chunk_s = [0.0]
-    setattr(owner, entry, _thread_timed(getattr(owner, entry), chunk_s))
-    extra = {"flush_by": args.flush_by} if not args.zephon_src or args.flush_by != "units" else {}
+    # the process's clock: Arrow decodes a row group on its own threads while the caller waits
+    setattr(owner, entry, _timed(getattr(owner, entry), chunk_s, time.process_time))
+    extra = _flush_by(args)
 
     def build():
         return _pipelines.BUILDERS["zephon"](Path(args.data).resolve(), 32, 2048, workers=0, runner="thread",
@@ -181,9 +193,9 @@ def child(args: argparse.Namespace) -> None:
     import zephon.loader as loader_module
 
     collate_s = [0.0]
-    loader_module.collate = _thread_timed(loader_module.collate, collate_s)
+    loader_module.collate = _timed(loader_module.collate, collate_s)
     # a checkout before the redesign has no flush_by: its cadence is by units, which --flush-by units matches
-    extra = {"flush_by": args.flush_by} if not args.zephon_src or args.flush_by != "units" else {}
+    extra = _flush_by(args)
     it, close, _ = _pipelines.BUILDERS["zephon"](Path(args.data).resolve(), 32, 2048, workers=args.workers,
                                                  runner="thread", algorithm=args.algorithm, **extra)
     heap = ctypes.CDLL(os.environ["LD_PRELOAD"].split()[0]) if args.heap else None
@@ -275,7 +287,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.memo and args.heap:
         ap.error("--memo and --heap are two different runs: pick one")
     if args.memo:
-        args.workers = 0  # what the memo runs use, and what --json records
+        args.workers, args.prewarm = 0, 0  # what the memo runs use, and what --json records
     if args.child:
         child(args)
         return 0
