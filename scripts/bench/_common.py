@@ -171,7 +171,7 @@ def run_task(script: Path, task: dict[str, Any], timeout: float, interval: float
         else:
             result = {"ok": False}
         if timed_out:
-            result["error"] = f"timed out after {timeout:.0f}s"
+            result["error"], result["timed_out"] = f"timed out after {timeout:.0f}s", True
         elif not result.get("ok"):
             tail = [line for line in output.strip().splitlines() if line.strip()][-6:]
             result.setdefault("error", f"exit code {proc.returncode}: " + " | ".join(tail)[-600:])

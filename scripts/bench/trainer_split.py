@@ -128,7 +128,7 @@ def memo_child(args: argparse.Namespace) -> None:
         return _pipelines.BUILDERS["zephon"](Path(args.data).resolve(), 32, 2048, workers=0, runner="thread",
                                              algorithm=args.algorithm, **extra)
 
-    for _ in range(2):  # the first pass fills the memo; the second, on a fresh loader, is timed
+    for _pass in range(2):  # the first pass fills the memo; the second, on a fresh loader, is timed
         it, close, _ = build()
         try:
             for _ in range(args.warmup):
