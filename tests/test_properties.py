@@ -197,6 +197,23 @@ def test_packer_keeps_every_per_token_field_aligned_and_payloads_with_their_docu
             at += n
 
 
+@FAST
+@given(segments=st.lists(st.lists(st.integers(0, 40), max_size=25), min_size=1, max_size=5),
+       seq_len=st.integers(4, 48), algorithm=st.sampled_from(["best_fit", "first_fit", "wrap"]),
+       max_bins=st.integers(1, 6))
+@example(segments=[[10], [0, 5]], seq_len=8, algorithm="wrap", max_bins=1)  # the held row's top-up
+def test_packer_puts_a_document_of_no_tokens_in_no_row(segments, seq_len, algorithm, max_bins):
+    """A document of no tokens (a user's map can make one) changes nothing: the rows and sentinels are those of
+    the stream without it, at every flush (held rows topped up after a sentinel included). Before the fix, best
+    and first fit gave it a segment of its own, which collate turned into a wrong label and wrong positions."""
+    items = pieces(stream_with_flushes(segments)[0], seq_len)
+    without = [x for x in items if isinstance(x, Flush) or len(x["input_ids"])]
+    out = run(Packer(LaneContext(0, 0), seq_len, algorithm, max_bins), items)
+    assert [canon(x) for x in out] == [canon(x) for x in run(Packer(LaneContext(0, 0), seq_len, algorithm, max_bins),
+                                                             without)]
+    assert all(n > 0 for r in out if isinstance(r, Row) for n in r.seg_lens)
+
+
 def test_packer_refuses_a_carry_longer_than_the_segment():
     items = docs_of([3, 4], 0) + [Flush(1, ())]
     with pytest.raises(StateError, match="sources now hold different data"):

@@ -128,3 +128,45 @@ def test_a_wrong_result_is_an_error_naming_the_operator(parts, result, match):
     pipe = finish(start.apply(Wrong(result)), tok)
     with pytest.raises(z.PipelineError, match=r"operator 'Wrong' on .*" + match):
         next(pipe.build())
+
+
+class EmptyShort(z.Transform):
+    """A map that leaves documents of fewer than 40 tokens with no tokens at all (as a user's clean-up might)."""
+
+    def apply(self, columns):
+        return {**columns, "input_ids": [ids if len(ids) >= 40 else ids[:0] for ids in columns["input_ids"]]}
+
+
+def empty_short(record: dict) -> dict:
+    ids = record["input_ids"]
+    return {**record, "input_ids": ids if len(ids) >= 40 else ids[:0]}
+
+
+def at_least_40(record: dict) -> bool:
+    return len(record["input_ids"]) >= 40
+
+
+@pytest.mark.parametrize("algorithm", ["best_fit", "first_fit", "wrap"])
+@pytest.mark.parametrize("where", ["workers", "lane"])
+def test_a_document_left_with_no_tokens_goes_into_no_row(parts, algorithm, where):
+    """A document a transform leaves without tokens has nothing to put in a row: the batches equal those of the
+    filter that drops it. Before the fix, best and first fit gave it a piece of its own (on the batched text path
+    too), and so did a held row's top-up after a sentinel with every algorithm; collate then wrote its tail label
+    over the previous piece's last label and left the next piece's positions running on."""
+    start, tok = parts
+
+    def pipe(step):
+        p = start.tokenize(tok).split(max_tokens=64)
+        p = step(p.shuffle(buffer=4) if where == "lane" else p)
+        return p.pack(seq_len=64, algorithm=algorithm).batch(rows_per_lane=2)
+
+    emptied, filtered = pipe(lambda p: p.apply(EmptyShort())), pipe(lambda p: p.filter(at_least_40))
+    assert global_hashes(emptied, 1, 6) == global_hashes(filtered, 1, 6)
+    assert global_hashes(pipe(lambda p: p.map(empty_short)), 2, 6, resume_at=3, resume_world_size=4) == \
+        global_hashes(filtered, 1, 6)
+    with emptied.build() as loader:
+        for _ in range(3):
+            batch = next(loader)
+            starts = np.flatnonzero(np.diff(batch["segment_ids"].numpy(), axis=1, prepend=0).reshape(-1))
+            assert (batch["position_ids"].numpy().reshape(-1)[starts] == 0).all()
+            assert len(batch["cu_seqlens"]) - 1 == len(starts) + int((batch["segment_ids"] == 0).any(dim=1).sum())

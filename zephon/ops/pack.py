@@ -16,7 +16,8 @@ few open rows ("bins"). Ties are broken by the order in which bins were opened, 
 Every per-token field of a document (``input_ids``, ``loss_mask``, ...) is packed side by side, so the
 fields of a row stay aligned; a document's payloads (metadata, images) go with it into its row (each
 piece of a cut document carries them; its images, only those whose tokens it holds: below). A document without one of the pipeline's per-token fields gets
-that field's default (e.g. ``loss_mask`` 1: every label counts).
+that field's default (e.g. ``loss_mask`` 1: every label counts). A document of no tokens (a user's ``map``
+can make one; ``tokenize`` drops them) has nothing to put in a row: it goes into none, with its payloads.
 
 At a :class:`Flush` sentinel the packer must empty itself, so that after it it is as if new. Padding
 every open bin would cost up to ``max_open_bins`` part-empty rows per flush; instead the pieces in the
@@ -195,7 +196,8 @@ class Packer(Accumulator):
 
     # -- algorithms: place tokens [a, b) of a document whose last label is ``tail`` -----------------
     def _fit(self, doc: Mapping[str, Any], a: int, b: int, tail: int) -> None:
-        self._put(self._bin_for(b - a), doc, a, b, tail)
+        if b > a:  # a document of no tokens has nothing to put in a row (wrap places none either)
+            self._put(self._bin_for(b - a), doc, a, b, tail)
 
     def _bin_for(self, n: int) -> int:
         """The open bin that takes ``n`` tokens (best fit: the tightest; first fit: the oldest), or a new one
@@ -363,6 +365,8 @@ class Packer(Accumulator):
             self._top_up_images(doc, spans)
             return
         row, n = self._held, len(doc[INPUT_IDS])
+        if not n:
+            return
         k = min(n, row.free)
         row.add(doc, 0, k, int(doc[INPUT_IDS][k]) if k < n else tail, self._names, self._defaults, self._fieldset)
         self._taken += k
@@ -440,6 +444,8 @@ class Packer(Accumulator):
         """:meth:`_place` for plain token ids (:meth:`push_text_run`): the same bins, rows and pieces."""
         bins = self._bins
         if self.algorithm != "wrap":
+            if not len(ids):
+                return
             j = self._bin_for(len(ids))
             row = bins[j]
             row.put(ids, tail, source, origin)
