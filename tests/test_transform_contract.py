@@ -170,3 +170,52 @@ def test_a_document_left_with_no_tokens_goes_into_no_row(parts, algorithm, where
             starts = np.flatnonzero(np.diff(batch["segment_ids"].numpy(), axis=1, prepend=0).reshape(-1))
             assert (batch["position_ids"].numpy().reshape(-1)[starts] == 0).all()
             assert len(batch["cu_seqlens"]) - 1 == len(starts) + int((batch["segment_ids"] == 0).any(dim=1).sum())
+
+
+def as_list_or_nothing(record: dict) -> dict:
+    """Python ints, and [] for a short document: numpy reads [] as float64, which must not change the others."""
+    ids = record["input_ids"]
+    return {**record, "input_ids": [int(t) for t in ids] if len(ids) >= 40 else []}
+
+
+def test_ids_as_python_lists_and_empty_lists_are_token_ids(parts):
+    start, tok = parts
+    mine = start.tokenize(tok).map(as_list_or_nothing).split(max_tokens=64).pack(seq_len=64).batch(rows_per_lane=2)
+    theirs = start.tokenize(tok).filter(at_least_40).split(max_tokens=64).pack(seq_len=64).batch(rows_per_lane=2)
+    assert global_hashes(mine, 1, 4) == global_hashes(theirs, 1, 4)
+
+
+def beyond_int32(record: dict) -> dict:
+    return {**record, "input_ids": np.asarray(record["input_ids"], dtype=np.int64) + 2 ** 32}  # wraps to itself
+
+
+def minus_100_at_the_end(record: dict) -> dict:
+    return {**record, "input_ids": np.append(record["input_ids"], -100)}
+
+
+def as_floats(record: dict) -> dict:
+    return {**record, "input_ids": np.asarray(record["input_ids"], dtype=np.float32) + 0.5}
+
+
+class AsBools(z.Transform):
+    def apply(self, columns):
+        return {**columns, "input_ids": [ids > 100 for ids in columns["input_ids"]]}
+
+
+@pytest.mark.parametrize("where", ["workers", "lane"])
+@pytest.mark.parametrize("step,name,got", [
+    (lambda p: p.map(beyond_int32), "map:beyond_int32", r"the id 42949\d+"),
+    (lambda p: p.map(minus_100_at_the_end), "map:minus_100_at_the_end", r"the id -100"),
+    (lambda p: p.map(as_floats), "map:as_floats", r"float32 values"),
+    (lambda p: p.apply(AsBools()), "AsBools", r"bool values"),
+])
+def test_ids_a_row_cannot_hold_are_an_error_naming_the_operator(parts, where, step, name, got):
+    """Before, the packer's int32 rows took them silently: an id past 2**31 wrapped (here to the true id, so the
+    batches looked right), a float was truncated, -100 became a token."""
+    start, tok = parts
+    p = start.tokenize(tok)
+    p = step(p.shuffle(buffer=4) if where == "lane" else p).pack(seq_len=64).batch(rows_per_lane=2)
+    with pytest.raises(z.OperatorError, match=rf"operator '{name}' made input_ids that a packed row cannot hold, on "
+                                              rf".*{got}\. Token ids must be integers in \[0, 2\*\*31\)"):
+        with p.build() as loader:
+            next(loader)

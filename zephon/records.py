@@ -359,7 +359,8 @@ def columns_from_records(records: Sequence[Mapping[str, Any]], token_fields: Seq
     np.cumsum(lengths, out=offsets[1:])
     tf = {}
     for name in tnames:
-        parts = [np.asarray(rec[name]) for rec in records]
+        # an empty field ([] is float64 to numpy) adds no values, and must not decide the dtype of the others
+        parts = [a for a in (np.asarray(rec[name]) for rec in records) if a.size]
         tf[name] = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int32)
     return columns, tf, offsets
 

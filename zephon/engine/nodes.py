@@ -30,9 +30,9 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from torchdata.nodes import BaseNode
 
-from ..ops.base import LaneContext, call_factory
+from ..ops.base import LaneContext, call_factory, check_token_ids
 from ..ops.batch import RecordSpan
-from ..records import Flush, TextRun
+from ..records import INPUT_IDS, Flush, TextRun
 from ..errors import StateError
 from .counters import LaneCounters
 from .sentinels import FlushPolicy
@@ -396,7 +396,13 @@ class TransformStep:
         transform.setup()
 
     def push(self, record: Any) -> list[Any]:
-        return self.transform._apply_records([record])
+        out = self.transform._apply_records([record])
+        before = record.get(INPUT_IDS) if isinstance(record, Mapping) else None
+        for rec in out:
+            ids = rec.get(INPUT_IDS) if isinstance(rec, Mapping) else None
+            if ids is not None and ids is not before:
+                check_token_ids(self.transform, ids, lambda k: "a record in the lane")
+        return out
 
     def flush(self) -> tuple:
         return ()

@@ -46,8 +46,8 @@ from typing import Any, Callable, ClassVar, Iterable, Mapping, Sequence
 import numpy as np
 
 from .._perm import rng_for, stable_key
-from ..errors import PipelineError
-from ..records import IGNORE, Chunk, Doc, TokenColumn, columns_from_records, doc_origin
+from ..errors import OperatorError, PipelineError
+from ..records import IGNORE, INPUT_IDS, Chunk, Doc, TokenColumn, columns_from_records, doc_origin
 
 EXECUTOR_KINDS = ("inline", "thread", "process", "ray")
 LONG_TEXT = 256  # a longer string parameter (a template) enters the fingerprint by its SHA-256
@@ -314,7 +314,8 @@ class Transform(Operator):
                 (``input_ids``, ``loss_mask``...) as a list of 1-D arrays. The batch is yours to modify.
 
         Returns:
-            Columns, a boolean keep-mask, or ``(columns, counts)``, as listed above.
+            Columns, a boolean keep-mask, or ``(columns, counts)``, as listed above. ``input_ids`` must be
+            integer ids in ``[0, 2**31)`` (:func:`check_token_ids`); a document may be left with none.
         """
         raise NotImplementedError(f"{type(self).__qualname__} must implement apply(columns)")
 
@@ -374,6 +375,38 @@ class Transform(Operator):
             raise PipelineError(f"{where}: columns {bad} do not have {made} entries (one per record made)")
         records = [dict(zip(out, values)) for values in zip(*out.values())] if out else [{} for _ in range(made)]
         return None, counts, records
+
+
+MAX_TOKEN_ID = 2 ** 31 - 1
+"""The largest id a packed row holds (its ``input_ids`` buffer is int32)."""
+
+
+def check_token_ids(op: Operator, ids: Any, where: Callable[[int], str]) -> None:
+    """Refuse ``input_ids`` a transform made that a packed row cannot hold as they are: ids that are not
+    integers (a float array would be truncated), or outside ``[0, 2**31)`` (an int64 id would wrap). Called
+    by the engine on each transform's output, a chunk (flat ids) or a record at a time.
+
+    Args:
+        op: the transform that made them (named in the error).
+        ids: the token ids (any array-like; a chunk's flat ``input_ids``, or one record's).
+        where: the record of the ``k``-th id, for the message.
+
+    Raises:
+        OperatorError: naming the operator, the record, the bad value and the fix.
+    """
+    arr = np.asarray(ids)
+    if not arr.size:  # no tokens: nothing to hold (and [] is float64 to numpy)
+        return
+    if arr.dtype.kind in "iu":
+        if int(arr.min()) >= 0 and int(arr.max()) <= MAX_TOKEN_ID:
+            return
+        k = int(np.flatnonzero((arr < 0) | (arr > MAX_TOKEN_ID))[0])
+        got = f"the id {int(arr[k])}"
+    else:
+        k, got = 0, f"{arr.dtype} values" if arr.dtype != object else "values that are not one integer array"
+    raise OperatorError(f"operator '{op.name}' made input_ids that a packed row cannot hold, on {where(k)}: {got}. "
+                        f"Token ids must be integers in [0, 2**31) (rows hold them as int32); return an integer "
+                        f"array of the tokenizer's ids (labels such as -100 belong in a loss_mask, not in input_ids).")
 
 
 class Accumulator:
