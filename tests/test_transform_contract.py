@@ -219,3 +219,22 @@ def test_ids_a_row_cannot_hold_are_an_error_naming_the_operator(parts, where, st
                                               rf".*{got}\. Token ids must be integers in \[0, 2\*\*31\)"):
         with p.build() as loader:
             next(loader)
+
+
+class AppendMinus100:
+    """An accumulator that emits each document with -100 appended to its ids."""
+
+    def push(self, record):
+        return ({**record, "input_ids": np.append(record["input_ids"], -100)},)
+
+    def flush(self):
+        return ()
+
+
+def test_ids_an_accumulator_emits_are_checked_too(parts):
+    start, tok = parts
+    p = start.tokenize(tok).accumulate(AppendMinus100).pack(seq_len=64).batch(rows_per_lane=2)
+    with pytest.raises(z.OperatorError, match=r"operator 'accumulate:AppendMinus100' made input_ids that a packed row "
+                                              r"cannot hold, on a record it emitted: the id -100\."):
+        with p.build() as loader:
+            next(loader)
