@@ -238,3 +238,42 @@ def test_ids_an_accumulator_emits_are_checked_too(parts):
                                               r"cannot hold, on a record it emitted: the id -100\."):
         with p.build() as loader:
             next(loader)
+
+
+def weights_on_odd_documents(record: dict) -> dict:
+    """A per-token field on some documents only: the others get the declared default."""
+    ids = record["input_ids"]
+    return {**record, "weight": np.full(len(ids), 2, dtype=np.int32)} if len(ids) % 2 else record
+
+
+def weights_one_short(record: dict) -> dict:
+    return {**record, "weight": np.full(len(record["input_ids"]) - 1, 2, dtype=np.int32)}
+
+
+def test_a_per_token_field_on_some_documents_gets_its_default_elsewhere(parts):
+    """As the packer does for a document without the field; on the workers a record without it was a KeyError."""
+    start, tok = parts
+    pipe = start.tokenize(tok).map(weights_on_odd_documents, token_fields={"weight": 7}).pack(seq_len=64).batch()
+    with pipe.build() as loader:
+        batch = next(loader)
+    weight, seg = batch["weight"].numpy(), batch["segment_ids"].numpy()
+    for r in range(len(seg)):
+        for s in range(1, seg[r].max() + 1):
+            values = set(weight[r][seg[r] == s].tolist())
+            assert values in ({2}, {7}), values  # one value per document: its own, or the default
+    assert {2, 7} <= set(weight[seg > 0].tolist())
+
+
+@pytest.mark.parametrize("where", ["workers", "lane"])
+def test_a_per_token_field_of_another_length_is_an_error(parts, where):
+    """On the workers it shifted every later document's values by one (or failed in numpy); in the lane a longer
+    field was cut silently."""
+    start, tok = parts
+    p = start.tokenize(tok)
+    p = (p.shuffle(buffer=4) if where == "lane" else p).map(weights_one_short, token_fields={"weight": 7})
+    match = (r"operator 'map:weights_one_short' .* made a record that cannot be packed, on .*: its per-token field "
+             r"'weight' has (\d+) values for \d+ tokens of input_ids" if where == "workers" else
+             r"a document reached pack\(\) with \d+ values of its per-token field 'weight' for \d+ tokens")
+    with pytest.raises(z.OperatorError, match=match):
+        with p.pack(seq_len=64).batch().build() as loader:
+            next(loader)

@@ -35,6 +35,8 @@ from typing import Any, Iterator, Mapping, NamedTuple, Sequence
 
 import numpy as np
 
+from .errors import OperatorError
+
 IGNORE = -100
 """The label where no loss is due: padding, document ends, masked positions (PyTorch's cross-entropy
 ``ignore_index``)."""
@@ -343,26 +345,60 @@ class Chunk:
                       None if origin is None else (self.file_id, *origin[j]))
 
 
-def columns_from_records(records: Sequence[Mapping[str, Any]], token_fields: Sequence[str] = ()
+class TokenFieldError(ValueError):
+    """A record whose per-token fields do not line up (:func:`columns_from_records`): ``record`` is its index."""
+
+    def __init__(self, record: int, message: str) -> None:
+        super().__init__(message)
+        self.record = record
+
+
+def columns_from_records(records: Sequence[Mapping[str, Any]], token_fields: Sequence[str] = (),
+                         defaults: Mapping[str, Any] | None = None
                          ) -> tuple[dict[str, Any], dict[str, np.ndarray], np.ndarray | None]:
     """Records back to columns: ``(columns, token_fields, offsets)``. Keys are the union in order of
     first appearance (a record without a key gets ``None``); ``token_fields`` present in the records
-    are concatenated with shared offsets."""
+    are concatenated with shared offsets, so each must have one value per token of its record's ``input_ids``.
+    A record without one of them (or with None) gets ``defaults[name]`` at every token.
+
+    Raises:
+        TokenFieldError: a record's per-token field has another length than its ``input_ids``, or is missing
+            where ``defaults`` has no value for it.
+    """
     keys = dict.fromkeys(k for rec in records for k in rec)
     tnames = [k for k in keys if k in token_fields]
     columns = {k: [rec.get(k) for rec in records] for k in keys if k not in token_fields}
     if not tnames:
         return columns, {}, None
-    lengths = np.fromiter((len(rec[INPUT_IDS]) if INPUT_IDS in rec else len(rec[tnames[0]]) for rec in records),
-                          dtype=np.int64, count=len(records))
+    first = INPUT_IDS if INPUT_IDS in tnames else tnames[0]
+    defaults = defaults or {}
+    tf, lengths = {}, None
+    for name in [first] + [k for k in tnames if k != first]:
+        arrays = []
+        for j, rec in enumerate(records):
+            value = rec.get(name)
+            if value is None:
+                if lengths is None or name not in defaults:
+                    raise TokenFieldError(j, f"the record has no per-token field {name!r}, which other records have; "
+                                             f"give every record one (or declare its default: token_fields={{{name!r}: "
+                                             f"...}})")
+                value = np.full(int(lengths[j]), defaults[name])
+            arrays.append(np.asarray(value))
+        if lengths is None:
+            lengths = np.fromiter((len(a) for a in arrays), dtype=np.int64, count=len(arrays))
+        else:
+            got = np.fromiter((len(a) for a in arrays), dtype=np.int64, count=len(arrays))
+            if (got != lengths).any():
+                j = int(np.flatnonzero(got != lengths)[0])
+                raise TokenFieldError(j, f"its per-token field {name!r} has {int(got[j])} values for {int(lengths[j])} "
+                                         f"tokens of {first}: every per-token field needs one value per token")
+        # an empty field ([] is float64 to numpy) adds no values, and must not decide the dtype of the others
+        parts = [a for a in arrays if a.size]
+        tf[name] = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int32)
+    assert lengths is not None
     offsets = np.zeros(len(records) + 1, dtype=np.int64)
     np.cumsum(lengths, out=offsets[1:])
-    tf = {}
-    for name in tnames:
-        # an empty field ([] is float64 to numpy) adds no values, and must not decide the dtype of the others
-        parts = [a for a in (np.asarray(rec[name]) for rec in records) if a.size]
-        tf[name] = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int32)
-    return columns, tf, offsets
+    return columns, {k: tf[k] for k in tnames}, offsets
 
 
 @dataclass(frozen=True)
@@ -458,8 +494,13 @@ class Row:
             f, n = self.fill, b - a
             for name in fields[1:]:
                 buf = self.buffers[name]
-                if name in doc:
-                    buf[f:f + n] = doc[name][a:b]
+                values = doc.get(name)
+                if values is not None:
+                    if len(values) != len(doc[INPUT_IDS]):  # a lane operator's record: no chunk checked it
+                        raise OperatorError(f"a document reached pack() with {len(values)} values of its per-token "
+                                            f"field {name!r} for {len(doc[INPUT_IDS])} tokens: every per-token field "
+                                            f"needs one value per token. Fix the operator after the merge that made it.")
+                    buf[f:f + n] = values[a:b]
                 else:
                     buf[f:f + n] = defaults[name]  # type: ignore[index]
         # a text document has input_ids alone: no payload

@@ -18,7 +18,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 import numpy as np
 
 from ..errors import OperatorError, PipelineError
-from ..records import Chunk, Doc, columns_from_records, doc_origin, doc_tail
+from ..records import Chunk, Doc, TokenFieldError, columns_from_records, doc_origin, doc_tail
 from .base import Transform, choice, function_id
 
 ON_ERROR = ("raise", "skip")
@@ -57,7 +57,12 @@ class FunctionTransform(Transform):
         """``chunk`` with its records replaced by ``outputs`` (one per record when ``one_to_one``: the
         tail labels stay with their records; otherwise they come from the outputs' ``Doc.tail``)."""
         tf_names = list(chunk.token_fields) + [k for k in self.token_fields if k not in chunk.token_fields]
-        columns, tf, offsets = columns_from_records(outputs, tf_names)
+        try:
+            columns, tf, offsets = columns_from_records(outputs, tf_names, self.token_fields)
+        except TokenFieldError as exc:
+            where = chunk.where(exc.record) if one_to_one else f"a record it made from {chunk.path}"
+            raise OperatorError(f"operator '{self.name}' ({function_id(self.fn, self.version)}) made a record that "
+                                f"cannot be packed, on {where}: {exc}. Fix the function.") from None
         tails = chunk.tails
         if not one_to_one:
             tails = None

@@ -47,7 +47,7 @@ import numpy as np
 
 from .._perm import rng_for, stable_key
 from ..errors import OperatorError, PipelineError
-from ..records import IGNORE, INPUT_IDS, Chunk, Doc, TokenColumn, columns_from_records, doc_origin
+from ..records import IGNORE, INPUT_IDS, Chunk, Doc, TokenColumn, TokenFieldError, columns_from_records, doc_origin
 
 EXECUTOR_KINDS = ("inline", "thread", "process", "ray")
 LONG_TEXT = 256  # a longer string parameter (a template) enters the fingerprint by its SHA-256
@@ -329,7 +329,11 @@ class Transform(Operator):
             chunk.count("filtered_records", chunk.n - len(keep))
             return chunk.select(keep)
         names = list(chunk.token_fields) + [k for k in self.token_fields if k not in chunk.token_fields]
-        columns, token_fields, offsets = columns_from_records(records, names)
+        try:
+            columns, token_fields, offsets = columns_from_records(records, names, self.token_fields)
+        except TokenFieldError as exc:
+            at = f"operator '{self.name}' on {chunk.where(exc.record)}" if counts is None else where
+            raise PipelineError(f"{at}: {exc}") from None
         if counts is not None:
             chunk.skipped += int((counts == 0).sum())
             chunk.resume_cursor, chunk.resume_skip = chunk.expand(counts)
