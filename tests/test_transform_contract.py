@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 
 import zephon as z
 from zephon.verify import global_hashes
@@ -277,3 +278,34 @@ def test_a_per_token_field_of_another_length_is_an_error(parts, where):
     with pytest.raises(z.OperatorError, match=match):
         with p.pack(seq_len=64).batch().build() as loader:
             next(loader)
+
+
+def half_weights(record: dict) -> dict:
+    return {**record, "weight": np.full(len(record["input_ids"]), 0.5)}
+
+
+def big_weights(record: dict) -> dict:
+    return {**record, "weight": np.full(len(record["input_ids"]), 300, dtype=np.int64)}
+
+
+@pytest.mark.parametrize("fn,default,got", [
+    (half_weights, 1, r"float64 values in its per-token field 'weight', whose rows hold int32"),
+    (big_weights, True, r"values from 300 to 300 in its per-token field 'weight', whose rows hold uint8"),
+])
+def test_per_token_values_the_declared_dtype_cannot_hold_are_an_error(parts, fn, default, got):
+    """A field declared with an integer default is packed as int32 (a bool one as uint8): 0.5 became 0 and 300
+    became 44, silently."""
+    start, tok = parts
+    pipe = start.tokenize(tok).map(fn, token_fields={"weight": default}).pack(seq_len=64).batch()
+    with pytest.raises(z.OperatorError, match=got + r" .* Declare the default in the values' kind"):
+        with pipe.build() as loader:
+            next(loader)
+
+
+def test_per_token_values_that_fit_the_declared_dtype_are_packed_as_they_are(parts):
+    start, tok = parts
+    pipe = start.tokenize(tok).map(half_weights, token_fields={"weight": 1.0}).pack(seq_len=64).batch()
+    with pipe.build() as loader:
+        batch = next(loader)
+    assert batch["weight"].dtype == torch.float32
+    assert set(batch["weight"][batch["segment_ids"] > 0].tolist()) == {0.5}

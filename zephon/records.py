@@ -442,6 +442,24 @@ class TextRun(NamedTuple):
     source: int
 
 
+def _fitted(values: np.ndarray, dtype: np.dtype, name: str) -> np.ndarray:
+    """``values`` of a per-token field, checked to fit the row's buffer for it (the dtype its declared default
+    gave it) without changing: a float into an integer buffer would be truncated, an integer out of range wrapped."""
+    if np.can_cast(values.dtype, dtype, "safe") or values.dtype.kind == dtype.kind == "f" or not values.size:
+        return values
+    if values.dtype.kind in "iub" and dtype.kind in "iub":
+        info = np.iinfo(dtype)
+        if info.min <= int(values.min()) and int(values.max()) <= info.max:
+            return values
+        what = f"values from {int(values.min())} to {int(values.max())}"
+    else:
+        what = f"{values.dtype} values"
+    raise OperatorError(f"a document reached pack() with {what} in its per-token field {name!r}, whose rows hold "
+                        f"{dtype} (the dtype of the field's declared default): they would change on the way in. "
+                        f"Declare the default in the values' kind, e.g. token_fields={{{name!r}: 1.0}} for float32, "
+                        f"or a (dtype, default) pair such as ({values.dtype.name!r}, 0).")
+
+
 class Row:
     """One packed row of at most ``seq_len`` tokens: every per-token field side by side, the lengths,
     tail labels, sources and payloads of its documents (pieces), and their origins when ``provenance``."""
@@ -500,7 +518,10 @@ class Row:
                         raise OperatorError(f"a document reached pack() with {len(values)} values of its per-token "
                                             f"field {name!r} for {len(doc[INPUT_IDS])} tokens: every per-token field "
                                             f"needs one value per token. Fix the operator after the merge that made it.")
-                    buf[f:f + n] = values[a:b]
+                    part = values[a:b]
+                    if getattr(part, "dtype", None) != buf.dtype:
+                        part = _fitted(np.asarray(part), buf.dtype, name)
+                    buf[f:f + n] = part
                 else:
                     buf[f:f + n] = defaults[name]  # type: ignore[index]
         # a text document has input_ids alone: no payload
