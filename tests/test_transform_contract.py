@@ -179,10 +179,18 @@ def as_list_or_nothing(record: dict) -> dict:
     return {**record, "input_ids": [int(t) for t in ids] if len(ids) >= 40 else []}
 
 
-def test_ids_as_python_lists_and_empty_lists_are_token_ids(parts):
+def as_uint64_now_and_then(record: dict) -> dict:
+    """Integer ids of two dtypes in one chunk: numpy's common type for uint64 and int32 is float64."""
+    ids = record["input_ids"]
+    return {**record, "input_ids": ids.astype(np.uint64) if len(ids) % 2 else ids}
+
+
+@pytest.mark.parametrize("fn", [as_list_or_nothing, as_uint64_now_and_then])
+def test_ids_as_python_lists_empty_lists_and_mixed_integer_dtypes_are_token_ids(parts, fn):
     start, tok = parts
-    mine = start.tokenize(tok).map(as_list_or_nothing).split(max_tokens=64).pack(seq_len=64).batch(rows_per_lane=2)
-    theirs = start.tokenize(tok).filter(at_least_40).split(max_tokens=64).pack(seq_len=64).batch(rows_per_lane=2)
+    mine = start.tokenize(tok).map(fn).split(max_tokens=64).pack(seq_len=64).batch(rows_per_lane=2)
+    keep = at_least_40 if fn is as_list_or_nothing else (lambda r: True)
+    theirs = start.tokenize(tok).filter(keep, version=1).split(max_tokens=64).pack(seq_len=64).batch(rows_per_lane=2)
     assert global_hashes(mine, 1, 4) == global_hashes(theirs, 1, 4)
 
 
@@ -203,23 +211,39 @@ class AsBools(z.Transform):
         return {**columns, "input_ids": [ids > 100 for ids in columns["input_ids"]]}
 
 
-@pytest.mark.parametrize("where", ["workers", "lane"])
-@pytest.mark.parametrize("step,name,got", [
-    (lambda p: p.map(beyond_int32), "map:beyond_int32", r"the id 42949\d+"),
-    (lambda p: p.map(minus_100_at_the_end), "map:minus_100_at_the_end", r"the id -100"),
+BAD_IDS = [
+    (lambda p: p.map(beyond_int32), "map:beyond_int32", r"row \d+: the value 42949\d+"),
+    (lambda p: p.map(minus_100_at_the_end), "map:minus_100_at_the_end", r"row \d+: the value -100"),
     (lambda p: p.map(as_floats), "map:as_floats", r"float32 values"),
     (lambda p: p.apply(AsBools()), "AsBools", r"bool values"),
-])
+]
+
+
+@pytest.mark.parametrize("where", ["workers", "lane"])
+@pytest.mark.parametrize("step,name,got", BAD_IDS)
 def test_ids_a_row_cannot_hold_are_an_error_naming_the_operator(parts, where, step, name, got):
     """Before, the packer's int32 rows took them silently: an id past 2**31 wrapped (here to the true id, so the
     batches looked right), a float was truncated, -100 became a token."""
     start, tok = parts
     p = start.tokenize(tok)
     p = step(p.shuffle(buffer=4) if where == "lane" else p).pack(seq_len=64).batch(rows_per_lane=2)
-    with pytest.raises(z.OperatorError, match=rf"operator '{name}' made input_ids that a packed row cannot hold, on "
-                                              rf".*{got}\. Token ids must be integers in \[0, 2\*\*31\)"):
+    if where == "lane":
+        got = got.replace(r"row \d+: ", "")
+    with pytest.raises(z.OperatorError, match=rf"operator '{name}' made input_ids that packed rows cannot hold as they "
+                                              rf"are, on .*{got}\. Token ids must be integers in \[0, 2\*\*31\)"):
         with p.build() as loader:
             next(loader)
+    with pytest.raises(z.PipelineError, match=rf"validate: operator '{name}' failed.*{got}"):
+        p.validate()
+
+
+@pytest.mark.parametrize("step,name,got", BAD_IDS)
+def test_without_pack_records_become_rows_as_they_are(parts, step, name, got):
+    """Only packed rows hold ids as int32: a pipeline without pack() batches what the operators made."""
+    start, tok = parts
+    with step(start.tokenize(tok)).batch(rows_per_lane=2).build() as loader:
+        batch = next(loader)
+    assert len(batch["input_ids"]) == 2 * 8
 
 
 class AppendMinus100:
@@ -235,8 +259,8 @@ class AppendMinus100:
 def test_ids_an_accumulator_emits_are_checked_too(parts):
     start, tok = parts
     p = start.tokenize(tok).accumulate(AppendMinus100).pack(seq_len=64).batch(rows_per_lane=2)
-    with pytest.raises(z.OperatorError, match=r"operator 'accumulate:AppendMinus100' made input_ids that a packed row "
-                                              r"cannot hold, on a record it emitted: the id -100\."):
+    with pytest.raises(z.OperatorError, match=r"operator 'accumulate:AppendMinus100' made input_ids that packed rows "
+                                              r"cannot hold as they are, on a record it emitted: the value -100\."):
         with p.build() as loader:
             next(loader)
 
@@ -244,18 +268,26 @@ def test_ids_an_accumulator_emits_are_checked_too(parts):
 def weights_on_odd_documents(record: dict) -> dict:
     """A per-token field on some documents only: the others get the declared default."""
     ids = record["input_ids"]
-    return {**record, "weight": np.full(len(ids), 2, dtype=np.int32)} if len(ids) % 2 else record
+    return {**record, "weight": np.full(len(ids), 2, dtype=np.uint8)} if len(ids) % 2 else record
 
 
-def weights_one_short(record: dict) -> dict:
-    return {**record, "weight": np.full(len(record["input_ids"]) - 1, 2, dtype=np.int32)}
+class WeightsOnOddDocuments(z.Transform):
+    token_fields = {"weight": (np.uint8, 7)}
+
+    def apply(self, columns):
+        return {**columns, "weight": [np.full(len(ids), 2, dtype=np.uint8) if len(ids) % 2 else None
+                                      for ids in columns["input_ids"]]}
 
 
-def test_a_per_token_field_on_some_documents_gets_its_default_elsewhere(parts):
+@pytest.mark.parametrize("step", [
+    lambda p: p.map(weights_on_odd_documents, token_fields={"weight": 7}),
+    lambda p: p.map(weights_on_odd_documents, token_fields={"weight": ("uint8", 7)}),
+    lambda p: p.apply(WeightsOnOddDocuments()),
+])
+def test_a_per_token_field_on_some_documents_gets_its_default_elsewhere(parts, step):
     """As the packer does for a document without the field; on the workers a record without it was a KeyError."""
     start, tok = parts
-    pipe = start.tokenize(tok).map(weights_on_odd_documents, token_fields={"weight": 7}).pack(seq_len=64).batch()
-    with pipe.build() as loader:
+    with step(start.tokenize(tok)).pack(seq_len=64).batch().build() as loader:
         batch = next(loader)
     weight, seg = batch["weight"].numpy(), batch["segment_ids"].numpy()
     for r in range(len(seg)):
@@ -265,19 +297,47 @@ def test_a_per_token_field_on_some_documents_gets_its_default_elsewhere(parts):
     assert {2, 7} <= set(weight[seg > 0].tolist())
 
 
+def weights_one_short(record: dict) -> dict:
+    return {**record, "weight": np.full(len(record["input_ids"]) - 1, 2, dtype=np.int32)}
+
+
+class WeightsOneShortAfterDoubling(z.Transform):
+    """One-to-many: each document twice; the second copy of the third document has a field one value short."""
+
+    token_fields = {"weight": 7}
+
+    def apply(self, columns):
+        ids = [a for ids in columns["input_ids"] for a in (ids, ids)]
+        weight = [np.full(len(a) - (j == 2 and k == 1), 2, dtype=np.int32)
+                  for j, a in enumerate(columns["input_ids"]) for k in (0, 1)]
+        return {"input_ids": ids, "weight": weight}, [2] * len(columns["input_ids"])
+
+
 @pytest.mark.parametrize("where", ["workers", "lane"])
-def test_a_per_token_field_of_another_length_is_an_error(parts, where):
-    """On the workers it shifted every later document's values by one (or failed in numpy); in the lane a longer
-    field was cut silently."""
+def test_a_per_token_field_of_another_length_is_an_error_naming_the_operator(parts, where):
+    """On the workers it shifted every later document's values in the chunk (or failed inside numpy); after the
+    merge the packer cut a longer field silently and failed on a shorter one without a name."""
     start, tok = parts
     p = start.tokenize(tok)
     p = (p.shuffle(buffer=4) if where == "lane" else p).map(weights_one_short, token_fields={"weight": 7})
-    match = (r"operator 'map:weights_one_short' .* made a record that cannot be packed, on .*: its per-token field "
-             r"'weight' has (\d+) values for \d+ tokens of input_ids" if where == "workers" else
-             r"a document reached pack\(\) with \d+ values of its per-token field 'weight' for \d+ tokens")
+    match = (r"operator 'map:weights_one_short' .* made a record that cannot be packed, on .*, row \d+: its per-token "
+             r"field 'weight' has (\d+) values for \d+ tokens of input_ids" if where == "workers" else
+             r"operator 'map:weights_one_short' made \d+ values of the per-token field 'weight' for \d+ tokens, on a "
+             r"record in the lane")
     with pytest.raises(z.OperatorError, match=match):
         with p.pack(seq_len=64).batch().build() as loader:
             next(loader)
+
+
+def test_a_one_to_many_transform_names_the_record_the_bad_one_came_from(sp_model):
+    """The sixth record made comes from the chunk's third record: the error names that one (row 2)."""
+    tok = z.tokenizer(str(sp_model))
+    start = z.Pipeline(seed=9, lanes=1).source("web", z.read.records([{"text": f"document number {k}"} for k in range(8)],
+                                                                     chunk_rows=4))
+    pipe = start.tokenize(tok).apply(WeightsOneShortAfterDoubling()).pack(seq_len=64).batch()
+    with pytest.raises(z.PipelineError, match=r"operator 'WeightsOneShortAfterDoubling' on .*, row 2: its per-token "
+                                              r"field 'weight' has \d+ values"):
+        next(pipe.build())
 
 
 def half_weights(record: dict) -> dict:
@@ -288,17 +348,20 @@ def big_weights(record: dict) -> dict:
     return {**record, "weight": np.full(len(record["input_ids"]), 300, dtype=np.int64)}
 
 
+@pytest.mark.parametrize("where", ["workers", "lane"])
 @pytest.mark.parametrize("fn,default,got", [
-    (half_weights, 1, r"float64 values in its per-token field 'weight', whose rows hold int32"),
-    (big_weights, True, r"values from 300 to 300 in its per-token field 'weight', whose rows hold uint8"),
+    (half_weights, 1, r"float64 values\. Its rows hold int32"),
+    (big_weights, True, r"the value 300\. Its rows hold uint8"),
 ])
-def test_per_token_values_the_declared_dtype_cannot_hold_are_an_error(parts, fn, default, got):
+def test_per_token_values_the_declared_dtype_cannot_hold_are_an_error(parts, where, fn, default, got):
     """A field declared with an integer default is packed as int32 (a bool one as uint8): 0.5 became 0 and 300
     became 44, silently."""
     start, tok = parts
-    pipe = start.tokenize(tok).map(fn, token_fields={"weight": default}).pack(seq_len=64).batch()
-    with pytest.raises(z.OperatorError, match=got + r" .* Declare the default in the values' kind"):
-        with pipe.build() as loader:
+    p = start.tokenize(tok)
+    p = (p.shuffle(buffer=4) if where == "lane" else p).map(fn, token_fields={"weight": default})
+    with pytest.raises(z.OperatorError, match=rf"operator 'map:{fn.__name__}' made weight that packed rows cannot hold "
+                                              rf"as they are, on .*: {got} .* declare the default in the values' kind"):
+        with p.pack(seq_len=64).batch().build() as loader:
             next(loader)
 
 

@@ -35,8 +35,6 @@ from typing import Any, Iterator, Mapping, NamedTuple, Sequence
 
 import numpy as np
 
-from .errors import OperatorError
-
 IGNORE = -100
 """The label where no loss is due: padding, document ends, masked positions (PyTorch's cross-entropy
 ``ignore_index``)."""
@@ -354,16 +352,17 @@ class TokenFieldError(ValueError):
 
 
 def columns_from_records(records: Sequence[Mapping[str, Any]], token_fields: Sequence[str] = (),
-                         defaults: Mapping[str, Any] | None = None
+                         defaults: Mapping[str, tuple[Any, Any]] | None = None
                          ) -> tuple[dict[str, Any], dict[str, np.ndarray], np.ndarray | None]:
     """Records back to columns: ``(columns, token_fields, offsets)``. Keys are the union in order of
     first appearance (a record without a key gets ``None``); ``token_fields`` present in the records
     are concatenated with shared offsets, so each must have one value per token of its record's ``input_ids``.
-    A record without one of them (or with None) gets ``defaults[name]`` at every token.
+    A record without one of them (or with None) gets the default of ``defaults[name]`` (``(dtype, default)``)
+    at every token.
 
     Raises:
         TokenFieldError: a record's per-token field has another length than its ``input_ids``, or is missing
-            where ``defaults`` has no value for it.
+            where ``defaults`` has none for it.
     """
     keys = dict.fromkeys(k for rec in records for k in rec)
     tnames = [k for k in keys if k in token_fields]
@@ -379,22 +378,26 @@ def columns_from_records(records: Sequence[Mapping[str, Any]], token_fields: Seq
             value = rec.get(name)
             if value is None:
                 if lengths is None or name not in defaults:
-                    raise TokenFieldError(j, f"the record has no per-token field {name!r}, which other records have; "
-                                             f"give every record one (or declare its default: token_fields={{{name!r}: "
-                                             f"...}})")
-                value = np.full(int(lengths[j]), defaults[name])
+                    raise TokenFieldError(j, f"the record has no {name!r}, which other records have: give every record "
+                                             f"one" + ("" if name == first else
+                                                       f" (or declare its default: token_fields={{{name!r}: ...}})"))
+                dtype, default = defaults[name]
+                value = np.full(int(lengths[j]), default, dtype=dtype)
             arrays.append(np.asarray(value))
+        got = np.fromiter((len(a) for a in arrays), dtype=np.int64, count=len(arrays))
         if lengths is None:
-            lengths = np.fromiter((len(a) for a in arrays), dtype=np.int64, count=len(arrays))
-        else:
-            got = np.fromiter((len(a) for a in arrays), dtype=np.int64, count=len(arrays))
-            if (got != lengths).any():
-                j = int(np.flatnonzero(got != lengths)[0])
-                raise TokenFieldError(j, f"its per-token field {name!r} has {int(got[j])} values for {int(lengths[j])} "
-                                         f"tokens of {first}: every per-token field needs one value per token")
-        # an empty field ([] is float64 to numpy) adds no values, and must not decide the dtype of the others
+            lengths = got
+        elif (got != lengths).any():
+            j = int(np.flatnonzero(got != lengths)[0])
+            raise TokenFieldError(j, f"its per-token field {name!r} has {int(got[j])} values for {int(lengths[j])} "
+                                     f"tokens of {first}: every per-token field needs one value per token")
+        # an empty field ([] is float64 to numpy) adds no values and must not decide the dtype of the others; nor
+        # may integers of several dtypes become floats (numpy's type for uint64 with int32)
         parts = [a for a in arrays if a.size]
-        tf[name] = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int32)
+        dtype = np.result_type(*parts) if parts else np.dtype(np.int32)
+        if dtype.kind == "f" and all(a.dtype.kind in "iub" for a in parts):
+            dtype = np.dtype(np.int64)
+        tf[name] = np.concatenate(parts, dtype=dtype, casting="unsafe") if parts else np.zeros(0, dtype=np.int32)
     assert lengths is not None
     offsets = np.zeros(len(records) + 1, dtype=np.int64)
     np.cumsum(lengths, out=offsets[1:])
@@ -440,24 +443,6 @@ class TextRun(NamedTuple):
     tails: list[int] | None
     origins: list[tuple[int, int, int]] | None
     source: int
-
-
-def _fitted(values: np.ndarray, dtype: np.dtype, name: str) -> np.ndarray:
-    """``values`` of a per-token field, checked to fit the row's buffer for it (the dtype its declared default
-    gave it) without changing: a float into an integer buffer would be truncated, an integer out of range wrapped."""
-    if np.can_cast(values.dtype, dtype, "safe") or values.dtype.kind == dtype.kind == "f" or not values.size:
-        return values
-    if values.dtype.kind in "iub" and dtype.kind in "iub":
-        info = np.iinfo(dtype)
-        if info.min <= int(values.min()) and int(values.max()) <= info.max:
-            return values
-        what = f"values from {int(values.min())} to {int(values.max())}"
-    else:
-        what = f"{values.dtype} values"
-    raise OperatorError(f"a document reached pack() with {what} in its per-token field {name!r}, whose rows hold "
-                        f"{dtype} (the dtype of the field's declared default): they would change on the way in. "
-                        f"Declare the default in the values' kind, e.g. token_fields={{{name!r}: 1.0}} for float32, "
-                        f"or a (dtype, default) pair such as ({values.dtype.name!r}, 0).")
 
 
 class Row:
@@ -513,15 +498,8 @@ class Row:
             for name in fields[1:]:
                 buf = self.buffers[name]
                 values = doc.get(name)
-                if values is not None:
-                    if len(values) != len(doc[INPUT_IDS]):  # a lane operator's record: no chunk checked it
-                        raise OperatorError(f"a document reached pack() with {len(values)} values of its per-token "
-                                            f"field {name!r} for {len(doc[INPUT_IDS])} tokens: every per-token field "
-                                            f"needs one value per token. Fix the operator after the merge that made it.")
-                    part = values[a:b]
-                    if getattr(part, "dtype", None) != buf.dtype:
-                        part = _fitted(np.asarray(part), buf.dtype, name)
-                    buf[f:f + n] = part
+                if values is not None:  # its length and dtype checked where it was made (zephon.ops.fields)
+                    buf[f:f + n] = values[a:b]
                 else:
                     buf[f:f + n] = defaults[name]  # type: ignore[index]
         # a text document has input_ids alone: no payload

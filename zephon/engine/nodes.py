@@ -30,9 +30,10 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from torchdata.nodes import BaseNode
 
-from ..ops.base import LaneContext, call_factory, check_token_ids
+from ..ops.base import LaneContext, call_factory
+from ..ops.fields import check_record
 from ..ops.batch import RecordSpan
-from ..records import INPUT_IDS, Flush, TextRun
+from ..records import Flush, TextRun
 from ..errors import StateError
 from .counters import LaneCounters
 from .sentinels import FlushPolicy
@@ -397,11 +398,10 @@ class TransformStep:
 
     def push(self, record: Any) -> list[Any]:
         out = self.transform._apply_records([record])
-        before = record.get(INPUT_IDS) if isinstance(record, Mapping) else None
-        for rec in out:
-            ids = rec.get(INPUT_IDS) if isinstance(rec, Mapping) else None
-            if ids is not None and ids is not before:
-                check_token_ids(self.transform, ids, lambda k: "a record in the lane")
+        rows = getattr(self.transform, "_rows", None)
+        if rows:  # one of your operators, in a pipeline that packs
+            for rec in out:
+                check_record(self.transform, rec, rows, "a record in the lane")
         return out
 
     def flush(self) -> tuple:

@@ -21,10 +21,10 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from ..ops.base import Transform, check_token_ids
+from ..ops.base import Transform
 from ..readers.base import RawChunk
 from ..origins import file_id, read_origin, relative_file
-from ..records import INPUT_IDS, Chunk, TokenColumn
+from ..records import Chunk, TokenColumn
 from .errors import ResumeMismatch
 
 # glibc serves a process's main thread from its main (brk) malloc arena and every other thread from an
@@ -141,11 +141,7 @@ class StageProgram:
         for t in transforms:
             if not chunk.n:  # an empty unit, or everything filtered: nothing left to transform
                 break
-            ids = chunk.token_fields.get(INPUT_IDS)
-            chunk = t._apply_chunk(chunk)
-            made = chunk.token_fields.get(INPUT_IDS)
-            if made is not None and made is not ids:  # new ids: a packed row must be able to hold them
-                check_token_ids(t, made, lambda k, c=chunk: c.where(int(np.searchsorted(c.offsets, k, "right")) - 1))
+            chunk = t._run_chunk(chunk)
         return chunk
 
     def read(self, source: int, task: Any) -> Chunk:

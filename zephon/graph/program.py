@@ -25,6 +25,7 @@ from ..errors import PipelineError, SourceError
 from ..ops.base import BindContext, LaneContext, Operator, Transform
 from ..ops.batch import Batch
 from ..ops.decode_images import DecodeImages
+from ..ops.fields import token_field
 from ..ops.filter import Filter, FilterField
 from ..ops.image_layout import NO_LIMITS
 from ..ops.map import MapField
@@ -59,23 +60,13 @@ class CompiledPipeline(LaneProgram):
     provenance: bool = False  # batches carry a provenance tensor (zephon.origins)
 
 
-def _dtype_of(default: Any) -> Any:
-    if isinstance(default, tuple):
-        return np.dtype(default[0]), default[1]
-    if isinstance(default, (bool, np.bool_)):
-        return np.dtype(np.uint8), int(default)
-    if isinstance(default, float):
-        return np.dtype(np.float32), default
-    return np.dtype(np.int32), default
-
-
 def token_schema(ops: list[Operator]) -> dict[str, tuple[Any, Any]]:
     """The per-token fields of the pipeline's documents, ``input_ids`` first: name -> (dtype, default)."""
     schema: dict[str, tuple[Any, Any]] = {INPUT_IDS: (np.dtype(np.int32), 0)}
     for op in ops:
         for name, default in getattr(op, "token_fields", {}).items():
             if name not in schema:
-                schema[name] = _dtype_of(default)
+                schema[name] = token_field(default)
     return schema
 
 
@@ -148,7 +139,8 @@ def compile_pipeline(pipe: Any, plan: WorkPlan | None = None) -> CompiledPipelin
             g.after.append(implied)
     schema = token_schema(transforms)
     images = image_batch(transforms, pack, batch)
-    ctx = BindContext(tuple(g.names), tuple(s.weight for s in pipe.sources), schema, pack.limits, batch.provenance)
+    ctx = BindContext(tuple(g.names), tuple(s.weight for s in pipe.sources), schema, pack.limits, batch.provenance,
+                      packs=True)
     mix = _mix(g, "tokens", ctx)
     lane_ops = _lane_ops(g, ctx) + [("pack", pack.bind(ctx).make)]
     g.placement += [("pack", "lane: accumulator", "-"), ("batch", f"lane: {batch.rows_per_lane} row(s) per step", "-")]

@@ -58,7 +58,7 @@ class FunctionTransform(Transform):
         tail labels stay with their records; otherwise they come from the outputs' ``Doc.tail``)."""
         tf_names = list(chunk.token_fields) + [k for k in self.token_fields if k not in chunk.token_fields]
         try:
-            columns, tf, offsets = columns_from_records(outputs, tf_names, self.token_fields)
+            columns, tf, offsets = columns_from_records(outputs, tf_names, self._field_defaults())
         except TokenFieldError as exc:
             where = chunk.where(exc.record) if one_to_one else f"a record it made from {chunk.path}"
             raise OperatorError(f"operator '{self.name}' ({function_id(self.fn, self.version)}) made a record that "

@@ -4,17 +4,17 @@
 records`` and ``flush() -> records``; after a flush it must behave exactly like a fresh instance (see
 :mod:`zephon.ops.base`, and :func:`zephon.testing.check_accumulator`, which proves it). The factory enters the
 fingerprint by its qualified name (a class, a function, a ``functools.partial`` with its arguments) and
-``version``, which you bump when it changes under the same name. The ``input_ids`` it emits are checked as a
-transform's are (:func:`~zephon.ops.base.check_token_ids`).
+``version``, which you bump when it changes under the same name. In a pipeline that packs, what it emits is
+checked against the rows as a transform's output is (:mod:`zephon.ops.fields`).
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any, Callable, Iterable
 
 from ..errors import PipelineError
-from ..records import INPUT_IDS
-from .base import Accumulator, LaneContext, LaneOperator, call_factory, check_token_ids
+from .base import Accumulator, BindContext, LaneContext, LaneOperator, call_factory
+from .fields import Fields, check_record
 
 
 class Accumulate(LaneOperator):
@@ -40,18 +40,24 @@ class Accumulate(LaneOperator):
             self.name = f"accumulate:{getattr(factory, '__name__', type(factory).__name__)}"
         self.factory, self.version = factory, version
 
+    def bind(self, ctx: BindContext) -> "Accumulate":
+        """In a pipeline that packs: a copy that checks what the accumulator emits against the rows."""
+        return self._bound(_rows=ctx.token_fields) if ctx.packs else self
+
     def make(self, ctx: LaneContext) -> Any:
-        return _CheckedIds(call_factory(self.factory, ctx), self)
+        acc = call_factory(self.factory, ctx)
+        rows = getattr(self, "_rows", None)
+        if not rows:
+            return acc
+        return (_CheckedWithHook if hasattr(acc, "on_flush") else _Checked)(acc, self, rows)
 
 
-class _CheckedIds:
-    """Your accumulator, its output's ``input_ids`` checked (a packed row must be able to hold them); every other
-    attribute is the accumulator's own."""
+class _Checked:
+    """Your accumulator, what it emits checked against the packed rows (:mod:`zephon.ops.fields`). Only
+    ``push``, ``flush`` (and ``on_flush``) are the engine's to call: the batched paths stay off for it."""
 
-    def __init__(self, acc: Any, op: Accumulate) -> None:
-        self._acc, self._op = acc, op
-        if hasattr(acc, "on_flush"):  # the node looks the hook up: only where the accumulator has one
-            self.on_flush = lambda sentinel: self._checked(acc.on_flush(sentinel))
+    def __init__(self, acc: Any, op: Accumulate, rows: Fields) -> None:
+        self._acc, self._op, self._rows = acc, op, rows
 
     def push(self, record: Any) -> list[Any]:
         return self._checked(self._acc.push(record))
@@ -62,11 +68,12 @@ class _CheckedIds:
     def _checked(self, out: Iterable[Any]) -> list[Any]:
         out = list(out)
         for rec in out:
-            if isinstance(rec, Mapping) and INPUT_IDS in rec:
-                check_token_ids(self._op, rec[INPUT_IDS], lambda k: "a record it emitted")
+            check_record(self._op, rec, self._rows, "a record it emitted")
         return out
 
-    def __getattr__(self, name: str) -> Any:
-        if name in ("_acc", "_op"):  # not set yet (a copy or an unpickling): no recursion
-            raise AttributeError(name)
-        return getattr(self._acc, name)
+
+class _CheckedWithHook(_Checked):
+    """:class:`_Checked` for an accumulator with its own ``on_flush`` (a sentinel hook)."""
+
+    def on_flush(self, sentinel: Any) -> list[Any]:
+        return self._checked(self._acc.on_flush(sentinel))

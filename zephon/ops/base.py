@@ -46,8 +46,9 @@ from typing import Any, Callable, ClassVar, Iterable, Mapping, Sequence
 import numpy as np
 
 from .._perm import rng_for, stable_key
-from ..errors import OperatorError, PipelineError
-from ..records import IGNORE, INPUT_IDS, Chunk, Doc, TokenColumn, TokenFieldError, columns_from_records, doc_origin
+from ..errors import PipelineError
+from ..records import IGNORE, Chunk, Doc, TokenColumn, TokenFieldError, columns_from_records, doc_origin
+from .fields import check_chunk, token_field
 
 EXECUTOR_KINDS = ("inline", "thread", "process", "ray")
 LONG_TEXT = 256  # a longer string parameter (a template) enters the fingerprint by its SHA-256
@@ -106,6 +107,7 @@ class BindContext:
     token_fields: Mapping[str, tuple[Any, Any]] = field(default_factory=dict)
     limits: Any = None
     provenance: bool = False  # the batches carry provenance: rows record where each piece comes from
+    packs: bool = False  # documents end in packed rows: what the user's operators make is checked against them
 
 
 # -- descriptions: every parameter as plain data ------------------------------------------------------------
@@ -283,6 +285,7 @@ class Transform(Operator):
 
     stateful = False
     """False: a transform holds no state between batches (accumulators do)."""
+    _rows_checked: ClassVar[bool] = True  # its output is checked against packed rows (built-ins' fits: False)
     token_fields: Mapping[str, Any] = {}
     """Per-token fields this transform adds: name -> the value a document without the field gets when packed
     next to one that has it (a class attribute, or set in ``__init__``)."""
@@ -298,6 +301,30 @@ class Transform(Operator):
 
     def setup(self) -> None:
         """Load heavy state (tokenizers, templates) once per process, before the first batch."""
+
+    def bind(self, ctx: BindContext) -> "Transform":
+        """The transform ready to run in this pipeline (the engine calls it; you need not).
+
+        Args:
+            ctx: what the pipeline decides.
+
+        Returns:
+            Itself; in a pipeline that packs, a copy that knows the rows' per-token fields, so that what it
+            makes is checked against them (:mod:`zephon.ops.fields`).
+        """
+        return self._bound(_rows=ctx.token_fields) if ctx.packs and self._rows_checked else self
+
+    def _run_chunk(self, chunk: Chunk) -> Chunk:
+        """:meth:`_apply_chunk`, its output checked against the packed rows where it is bound to them."""
+        chunk = self._apply_chunk(chunk)
+        rows = getattr(self, "_rows", None)
+        if rows:
+            check_chunk(self, chunk, rows)
+        return chunk
+
+    def _field_defaults(self) -> Mapping[str, tuple[Any, Any]]:
+        """Per-token field -> (dtype, default), for records that lack one: the rows' (bound), else its own."""
+        return getattr(self, "_rows", None) or {k: token_field(v) for k, v in self.token_fields.items()}
 
     def apply(self, columns: dict[str, Any]) -> Any:
         """Transform a batch of records, given as columns.
@@ -315,7 +342,8 @@ class Transform(Operator):
 
         Returns:
             Columns, a boolean keep-mask, or ``(columns, counts)``, as listed above. ``input_ids`` must be
-            integer ids in ``[0, 2**31)`` (:func:`check_token_ids`); a document may be left with none.
+            integer ids in ``[0, 2**31)`` in a pipeline that packs (:mod:`zephon.ops.fields`); a document may be
+            left with none.
         """
         raise NotImplementedError(f"{type(self).__qualname__} must implement apply(columns)")
 
@@ -330,10 +358,10 @@ class Transform(Operator):
             return chunk.select(keep)
         names = list(chunk.token_fields) + [k for k in self.token_fields if k not in chunk.token_fields]
         try:
-            columns, token_fields, offsets = columns_from_records(records, names, self.token_fields)
-        except TokenFieldError as exc:
-            at = f"operator '{self.name}' on {chunk.where(exc.record)}" if counts is None else where
-            raise PipelineError(f"{at}: {exc}") from None
+            columns, token_fields, offsets = columns_from_records(records, names, self._field_defaults())
+        except TokenFieldError as exc:  # name the record it was made from
+            j = exc.record if counts is None else int(np.searchsorted(np.cumsum(counts), exc.record, "right"))
+            raise PipelineError(f"operator '{self.name}' on {chunk.where(j)}: {exc}") from None
         if counts is not None:
             chunk.skipped += int((counts == 0).sum())
             chunk.resume_cursor, chunk.resume_skip = chunk.expand(counts)
@@ -379,38 +407,6 @@ class Transform(Operator):
             raise PipelineError(f"{where}: columns {bad} do not have {made} entries (one per record made)")
         records = [dict(zip(out, values)) for values in zip(*out.values())] if out else [{} for _ in range(made)]
         return None, counts, records
-
-
-MAX_TOKEN_ID = 2 ** 31 - 1
-"""The largest id a packed row holds (its ``input_ids`` buffer is int32)."""
-
-
-def check_token_ids(op: Operator, ids: Any, where: Callable[[int], str]) -> None:
-    """Refuse ``input_ids`` a transform made that a packed row cannot hold as they are: ids that are not
-    integers (a float array would be truncated), or outside ``[0, 2**31)`` (an int64 id would wrap). Called
-    by the engine on each transform's output, a chunk (flat ids) or a record at a time.
-
-    Args:
-        op: the transform that made them (named in the error).
-        ids: the token ids (any array-like; a chunk's flat ``input_ids``, or one record's).
-        where: the record of the ``k``-th id, for the message.
-
-    Raises:
-        OperatorError: naming the operator, the record, the bad value and the fix.
-    """
-    arr = np.asarray(ids)
-    if not arr.size:  # no tokens: nothing to hold (and [] is float64 to numpy)
-        return
-    if arr.dtype.kind in "iu":
-        if int(arr.min()) >= 0 and int(arr.max()) <= MAX_TOKEN_ID:
-            return
-        k = int(np.flatnonzero((arr < 0) | (arr > MAX_TOKEN_ID))[0])
-        got = f"the id {int(arr[k])}"
-    else:
-        k, got = 0, f"{arr.dtype} values" if arr.dtype != object else "values that are not one integer array"
-    raise OperatorError(f"operator '{op.name}' made input_ids that a packed row cannot hold, on {where(k)}: {got}. "
-                        f"Token ids must be integers in [0, 2**31) (rows hold them as int32); return an integer "
-                        f"array of the tokenizer's ids (labels such as -100 belong in a loss_mask, not in input_ids).")
 
 
 class Accumulator:

@@ -95,6 +95,8 @@ class DecodeImages(Transform):
     with the other one is refused rather than silently different.
     """
 
+    _rows_checked = False  # its output fits the packed rows by construction
+
     op = "decode_images"
 
     def __init__(self, field: str = "image", *, size: int | Sequence[int] | None = None, max_pixels: int | None = None,

@@ -18,6 +18,8 @@ from .base import function_id
 class Filter(FunctionTransform):
     """``fn(record) -> bool``: keep the records for which it is True (dropped ones are counted)."""
 
+    _rows_checked = False  # it only selects records: they were checked where they were made
+
     op = "filter"
 
     def _check(self, value: Any, where: Callable[[], str]) -> bool:

@@ -54,6 +54,8 @@ class Split(Transform):
         name, sources, executor: as for every operator.
     """
 
+    _rows_checked = False  # its output fits the packed rows by construction
+
     op = "split"
 
     def __init__(self, max_tokens: int, name: str | None = None, sources: Sequence[str] | None = None,

@@ -51,6 +51,8 @@ class TokenizingTransform(Transform):
     """What ``tokenize`` and ``tokenize_images`` share: their tokenizer (``tokenizer``, ``add_eos``, ``add_bos``),
     loaded once per process, and the refusal of records tokenized already."""
 
+    _rows_checked = False  # its output fits the packed rows by construction
+
     _tok: Tokenizer | None = None
 
     @property

@@ -250,6 +250,8 @@ class TokenizeChat(Transform):
             skipped and counted as :data:`SKIP_REASON`).
     """
 
+    _rows_checked = False  # its output fits the packed rows by construction
+
     op = "tokenize_chat"
     token_fields = {LOSS_MASK: (np.uint8, 1)}
 
