@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import json
+import operator
 import threading
 
 import numpy as np
@@ -110,6 +111,20 @@ def test_functions_need_a_name_or_a_version(base):
     p50 = finish(pipe.filter(functools.partial(longer_than, n=50))).fingerprint
     p60 = finish(pipe.filter(functools.partial(longer_than, n=60))).fingerprint
     assert p50 != p60  # a partial's arguments are part of what it does
+
+
+def test_library_functions_and_builtin_methods_are_told_apart(base):
+    """numpy's functions are objects of one class (np.char.upper and np.char.lower described alike before), a
+    bound builtin method carries its object ("-".join is not "+".join), and str.upper or operator.itemgetter
+    made the description itself fail with a TypeError."""
+    _, tok = base
+    start = z.Pipeline(seed=3, lanes=4).source("web", z.read.records([{"text": "a b"}, {"text": "c d"}]))
+
+    def prints(*fns):
+        return {finish(start.map_field(fn, "text").tokenize(tok)).fingerprint for fn in fns}
+    assert len(prints(np.char.upper, np.char.lower, np.char.strip)) == 3
+    assert len(prints(str.upper, str.lower, "-".join, "+".join)) == 4
+    assert len(prints(operator.itemgetter(0), operator.itemgetter(1))) == 2
 
 
 def test_accumulator_factories_are_described(base):

@@ -304,6 +304,23 @@ def test_builder_errors_name_the_step(corpus, tok):
         base.tokenize(tok).split(max_tokens=128).pack(seq_len=64).batch().compile()
 
 
+@pytest.mark.parametrize("sources", [1, 2])
+def test_tokenizing_after_the_merge_mixes_by_documents_when_the_mix_is_implied(corpus, tok, sources):
+    """The implied mix went by tokens, which the merge cannot count before tokenize: one source crashed with a
+    KeyError on input_ids, two were refused for a mix(by='tokens') nobody wrote."""
+    base = builder(corpus, tok) if sources == 2 else (
+        z.Pipeline(seed=7, lanes=16, flush_every=2).source("web", z.read.parquet(str(corpus / "web"), chunk_rows=4)))
+
+    def finish(p):
+        return p.shuffle(buffer=4).tokenize(tok).pack(seq_len=64).batch()
+
+    implied, documents = finish(base), finish(base.mix(by="documents"))
+    assert "mix (implied)" in implied.explain()
+    assert global_hashes(implied, 1, 4) == global_hashes(documents, 1, 4) == global_hashes(implied, 4, 4)
+    with pytest.raises(z.PipelineError, match="mix\\(by='tokens'\\) needs documents"):
+        finish(base.mix(by="tokens")).compile()
+
+
 def test_a_pipeline_is_a_value(corpus, tok):
     base = builder(corpus, tok).tokenize(tok)
     a = base.pack(seq_len=64).batch()

@@ -320,7 +320,7 @@ def test_a_per_token_field_of_another_length_is_an_error_naming_the_operator(par
     start, tok = parts
     p = start.tokenize(tok)
     p = (p.shuffle(buffer=4) if where == "lane" else p).map(weights_one_short, token_fields={"weight": 7})
-    match = (r"operator 'map:weights_one_short' .* made a record that cannot be packed, on .*, row \d+: its per-token "
+    match = (r"operator 'map:weights_one_short' .* made a record whose per-token fields do not line up, on .*, row \d+: its per-token "
              r"field 'weight' has (\d+) values for \d+ tokens of input_ids" if where == "workers" else
              r"operator 'map:weights_one_short' made \d+ values of the per-token field 'weight' for \d+ tokens, on a "
              r"record in the lane")
@@ -365,10 +365,98 @@ def test_per_token_values_the_declared_dtype_cannot_hold_are_an_error(parts, whe
             next(loader)
 
 
-def test_per_token_values_that_fit_the_declared_dtype_are_packed_as_they_are(parts):
+def int_weights_as_a_list(record: dict) -> dict:
+    return {**record, "weight": [2] * len(record["input_ids"])}
+
+
+def huge_weights(record: dict) -> dict:
+    return {**record, "weight": np.full(len(record["input_ids"]), 1e5)}
+
+
+@pytest.mark.parametrize("fn,default,dtype,value", [
+    (half_weights, 1.0, torch.float32, 0.5),
+    (int_weights_as_a_list, 1.0, torch.float32, 2.0),  # integers into a float field: exact
+    (int_weights_as_a_list, ("int8", 0), torch.int8, 2),
+])
+def test_per_token_values_that_fit_the_declared_dtype_are_packed_as_they_are(parts, fn, default, dtype, value):
     start, tok = parts
-    pipe = start.tokenize(tok).map(half_weights, token_fields={"weight": 1.0}).pack(seq_len=64).batch()
+    pipe = start.tokenize(tok).map(fn, token_fields={"weight": default}).pack(seq_len=64).batch()
     with pipe.build() as loader:
         batch = next(loader)
-    assert batch["weight"].dtype == torch.float32
-    assert set(batch["weight"][batch["segment_ids"] > 0].tolist()) == {0.5}
+    assert batch["weight"].dtype == dtype
+    assert set(batch["weight"][batch["segment_ids"] > 0].tolist()) == {value}
+
+
+def test_a_float_beyond_a_narrower_float_dtype_is_an_error(parts):
+    """1e5 in a float16 field became inf."""
+    start, tok = parts
+    pipe = start.tokenize(tok).map(huge_weights, token_fields={"weight": ("float16", 0.0)}).pack(seq_len=64).batch()
+    with pytest.raises(z.OperatorError, match=r"made weight that packed rows cannot hold as they are, on .*: the value "
+                                              r"100000\.0\. Its rows hold float16"):
+        next(pipe.build())
+
+
+class SetUpOnce(z.Transform):
+    """Loads its model in setup(): on the object you passed, once, whatever the number of sources."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._loads = 0
+
+    def setup(self) -> None:
+        self._loads += 1
+
+    def apply(self, columns):
+        assert self._loads, "apply before setup"
+        return columns
+
+
+def test_your_transform_is_set_up_itself_not_a_copy(corpus, sp_model):
+    tok = z.tokenizer(str(sp_model))
+    mine = SetUpOnce()
+    pipe = (z.Pipeline(seed=9, lanes=2).source("web", z.read.parquet(str(corpus / "web")))
+            .source("code", z.read.jsonl(str(corpus / "code" / "*.jsonl"))).tokenize(tok).apply(mine)
+            .pack(seq_len=64).batch())
+    with pipe.build(num_workers=0) as loader:
+        next(loader)
+    assert mine._loads == 1
+
+
+class OwnBind(z.Transform):
+    """A transform with its own bind() (returning a copy, as built-ins do): still checked."""
+
+    def bind(self, ctx):
+        return self._bound(_seen=True)
+
+    def apply(self, columns):
+        return {**columns, "input_ids": [np.append(ids, -100) for ids in columns["input_ids"]]}
+
+
+@pytest.mark.parametrize("where", ["workers", "lane"])
+def test_a_transform_with_its_own_bind_is_checked_too(parts, where):
+    start, tok = parts
+    p = start.tokenize(tok)
+    p = (p.shuffle(buffer=4) if where == "lane" else p).apply(OwnBind()).pack(seq_len=64).batch()
+    with pytest.raises(z.OperatorError, match=r"operator 'OwnBind' made input_ids .*: the value -100\."):
+        next(p.build())
+
+
+class EmitsNoneUntilFlush:
+    """An accumulator whose push returns None (nothing now), as the engine has always accepted."""
+
+    def __init__(self) -> None:
+        self.held = []
+
+    def push(self, record):
+        self.held.append(record)
+        return None
+
+    def flush(self):
+        out, self.held = self.held, []
+        return out
+
+
+def test_an_accumulator_may_return_none(parts):
+    start, tok = parts
+    mine = start.tokenize(tok).accumulate(EmitsNoneUntilFlush).pack(seq_len=64).batch(rows_per_lane=2)
+    assert len(global_hashes(mine, 1, 3)) == 3

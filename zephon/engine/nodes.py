@@ -31,7 +31,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 from torchdata.nodes import BaseNode
 
 from ..ops.base import LaneContext, call_factory
-from ..ops.fields import check_record
+from ..ops.fields import Fields, check_record
 from ..ops.batch import RecordSpan
 from ..records import Flush, TextRun
 from ..errors import StateError
@@ -390,18 +390,19 @@ class AccumulatorNode(_Replaying, BaseNode):
 
 
 class TransformStep:
-    """A stateless transform placed after the merge, as an accumulator that holds nothing."""
+    """A stateless transform placed after the merge, as an accumulator that holds nothing. ``rows``: in a pipeline
+    that packs, its per-token fields, which what one of your operators makes must fit (:mod:`zephon.ops.fields`)."""
 
-    def __init__(self, transform: Any) -> None:
+    def __init__(self, transform: Any, rows: Fields | None = None) -> None:
         self.transform = transform
+        self._rows = rows if rows is not None and transform._rows_checked else None
         transform.setup()
 
     def push(self, record: Any) -> list[Any]:
         out = self.transform._apply_records([record])
-        rows = getattr(self.transform, "_rows", None)
-        if rows:  # one of your operators, in a pipeline that packs
+        if self._rows is not None:
             for rec in out:
-                check_record(self.transform, rec, rows, "a record in the lane")
+                check_record(self.transform, rec, self._rows, "a record in the lane")
         return out
 
     def flush(self) -> tuple:

@@ -22,6 +22,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from ..ops.base import Transform
+from ..ops.fields import Fields, check_chunk
 from ..readers.base import RawChunk
 from ..origins import file_id, read_origin, relative_file
 from ..records import Chunk, TokenColumn
@@ -79,8 +80,9 @@ class StageProgram:
 
     def __init__(self, names: Sequence[str], readers: Sequence[Callable[[], Any]],
                  stages: Sequence[Sequence[Stage]], coords: Sequence[Callable[[str], str]],
-                 roots: Sequence[str] | None = None) -> None:
+                 roots: Sequence[str] | None = None, rows: Fields | None = None) -> None:
         self.names = list(names)
+        self.rows = rows  # a pipeline that packs: its per-token fields, which your operators' output must fit
         self._make_readers = list(readers)
         self.stages = [list(s) for s in stages]
         self._coords = list(coords)
@@ -106,7 +108,7 @@ class StageProgram:
             if self._ready:
                 return
             self._readers = [make() for make in self._make_readers]
-            for t in self.transforms():
+            for t in {id(t): t for t in self.transforms()}.values():  # one declared for several sources: once
                 t.setup()
             self._ready = True
 
@@ -136,12 +138,19 @@ class StageProgram:
             chunk = drop_delivered(chunk, self.names[source])
         return chunk
 
-    @staticmethod
-    def _apply(transforms: Sequence[Transform], chunk: Chunk) -> Chunk:
+    def _apply(self, transforms: Sequence[Transform], chunk: Chunk) -> Chunk:
         for t in transforms:
             if not chunk.n:  # an empty unit, or everything filtered: nothing left to transform
                 break
-            chunk = t._run_chunk(chunk)
+            chunk = self.apply_one(t, chunk)
+        return chunk
+
+    def apply_one(self, t: Transform, chunk: Chunk) -> Chunk:
+        """``t`` on ``chunk``; in a pipeline that packs, what one of your operators made checked against the rows
+        (:mod:`zephon.ops.fields`)."""
+        chunk = t._apply_chunk(chunk)
+        if self.rows is not None and t._rows_checked:
+            check_chunk(t, chunk, self.rows)
         return chunk
 
     def read(self, source: int, task: Any) -> Chunk:

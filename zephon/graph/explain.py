@@ -67,7 +67,7 @@ def validate(pipe: Any, records: int = 64) -> ValidationReport:
                     if not chunk.n:
                         break
                     try:
-                        chunk = t._run_chunk(chunk)
+                        chunk = c.stages.apply_one(t, chunk)
                     except Exception as exc:
                         raise PipelineError(f"validate: operator '{t.name}' failed on source '{name}' "
                                             f"({task.path}): {type(exc).__name__}: {exc}") from exc

@@ -22,6 +22,7 @@ from ..engine.lane import LaneProgram
 from ..engine.nodes import TransformStep
 from ..engine.stages import Stage, StageProgram
 from ..errors import PipelineError, SourceError
+from ..ops.accumulate import Accumulate
 from ..ops.base import BindContext, LaneContext, Operator, Transform
 from ..ops.batch import Batch
 from ..ops.decode_images import DecodeImages
@@ -139,10 +140,9 @@ def compile_pipeline(pipe: Any, plan: WorkPlan | None = None) -> CompiledPipelin
             g.after.append(implied)
     schema = token_schema(transforms)
     images = image_batch(transforms, pack, batch)
-    ctx = BindContext(tuple(g.names), tuple(s.weight for s in pipe.sources), schema, pack.limits, batch.provenance,
-                      packs=True)
-    mix = _mix(g, "tokens", ctx)
-    lane_ops = _lane_ops(g, ctx) + [("pack", pack.bind(ctx).make)]
+    ctx = BindContext(tuple(g.names), tuple(s.weight for s in pipe.sources), schema, pack.limits, batch.provenance)
+    mix = _mix(g, ctx)
+    lane_ops = _lane_ops(g, ctx, schema) + [("pack", pack.bind(ctx).make)]
     g.placement += [("pack", "lane: accumulator", "-"), ("batch", f"lane: {batch.rows_per_lane} row(s) per step", "-")]
     plan = plan or WorkPlan(pipe)
     check_fields(pipe, plan, g)
@@ -165,8 +165,8 @@ def _compile_records(pipe: Any, plan: WorkPlan | None, batch: Batch) -> Compiled
     transforms = [op for op in pipe.ops if isinstance(op, Transform)]
     schema = token_schema(transforms)
     ctx = BindContext(tuple(g.names), tuple(s.weight for s in pipe.sources), schema, NO_LIMITS, batch.provenance)
-    mix = _mix(g, "tokens" if all(_tokenized(ops) for ops in g.per_source) else "documents", ctx)
-    lane_ops = _lane_ops(g, ctx) + [("rows", batch.make_rows)]
+    mix = _mix(g, ctx)
+    lane_ops = _lane_ops(g, ctx, None) + [("rows", batch.make_rows)]
     g.placement += [("rows", "lane: one record per row", "-"),
                     ("batch", f"lane: {batch.rows_per_lane} record(s) per step", "-")]
     plan = plan or WorkPlan(pipe)
@@ -273,23 +273,28 @@ def check_fields(pipe: Any, plan: WorkPlan, g: _Graph) -> None:
                 fields = None
 
 
-def _mix(g: _Graph, default_by: str, ctx: BindContext) -> Mix:
-    """The merge, bound: the declared ``mix``, or the implied one (the sources' own weights)."""
-    mix = g.mix or Mix(default_by)
-    if mix.by == "tokens" and len(g.names) > 1 and not all(_tokenized(ops) for ops in g.per_source):
+def _mix(g: _Graph, ctx: BindContext) -> Mix:
+    """The merge, bound: the declared ``mix``, or the implied one (the sources' own weights; by tokens where every
+    source is tokenized before the merge, else by documents)."""
+    tokenized = all(_tokenized(ops) for ops in g.per_source)
+    mix = g.mix or Mix("tokens" if tokenized else "documents")
+    if mix.by == "tokens" and not tokenized:  # one source too: the merge counts each document's tokens
         raise PipelineError("mix(by='tokens') needs documents: tokenize every source before the sources meet "
                             "(.tokenize() before .mix()), or mix(by='documents')")
     g.placement.append(("mix" if g.mix else "mix (implied)", "lane: the merge", ",".join(g.names)))
     return mix.bind(ctx)  # type: ignore[return-value]
 
 
-def _lane_ops(g: _Graph, ctx: BindContext) -> list[tuple[str, Callable[[LaneContext], Any]]]:
-    """The operators after the merge as (name, factory of the lane's accumulator); their placement recorded."""
+def _lane_ops(g: _Graph, ctx: BindContext, rows: dict | None) -> list[tuple[str, Callable[[LaneContext], Any]]]:
+    """The operators after the merge as (name, factory of the lane's accumulator); their placement recorded.
+    ``rows``: the per-token fields of a pipeline that packs, which your operators' output must fit."""
     out: list[tuple[str, Callable[[LaneContext], Any]]] = []
     for op in g.after:
         bound = op.bind(ctx)
         if isinstance(op, Transform):
-            out.append((op.name, partial(_transform_step, bound)))
+            out.append((op.name, partial(_transform_step, bound, rows)))
+        elif isinstance(bound, Accumulate) and rows is not None:
+            out.append((op.name, partial(bound.make_checked, rows)))
         elif callable(getattr(bound, "make", None)):
             out.append((op.name, bound.make))
         else:
@@ -298,8 +303,8 @@ def _lane_ops(g: _Graph, ctx: BindContext) -> list[tuple[str, Callable[[LaneCont
     return out
 
 
-def _transform_step(transform: Transform, ctx: LaneContext) -> TransformStep:
-    return TransformStep(transform)
+def _transform_step(transform: Transform, rows: dict | None, ctx: LaneContext) -> TransformStep:
+    return TransformStep(transform, rows)
 
 
 def _compiled(pipe: Any, plan: WorkPlan, g: _Graph, ctx: BindContext, mix: Mix, lane_ops: list, batch: Batch,
@@ -313,7 +318,8 @@ def _compiled(pipe: Any, plan: WorkPlan, g: _Graph, ctx: BindContext, mix: Mix, 
     roots = [sp.root for sp in plan.sources] if batch.provenance else None
     compiled = CompiledPipeline(
         seed=pipe.seed, lanes=pipe.lanes, names=g.names, plan=plan,
-        stages=StageProgram(g.names, readers, stages, coords, roots), provenance=batch.provenance,
+        stages=StageProgram(g.names, readers, stages, coords, roots, None if fields.get("records") else fields["token_fields"]),
+        provenance=batch.provenance,
         stage_kinds=[[st.executor for st in sts] for sts in stages], merge=mix.make, lane_ops=lane_ops,
         rows_per_lane=batch.rows_per_lane, flush_every=pipe.flush_every, flush_by=pipe.flush_by,
         max_empty_units=[2 * len(sp.units) + pipe.lanes for sp in plan.sources],

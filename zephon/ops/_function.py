@@ -61,8 +61,8 @@ class FunctionTransform(Transform):
             columns, tf, offsets = columns_from_records(outputs, tf_names, self._field_defaults())
         except TokenFieldError as exc:
             where = chunk.where(exc.record) if one_to_one else f"a record it made from {chunk.path}"
-            raise OperatorError(f"operator '{self.name}' ({function_id(self.fn, self.version)}) made a record that "
-                                f"cannot be packed, on {where}: {exc}. Fix the function.") from None
+            raise OperatorError(f"operator '{self.name}' ({function_id(self.fn, self.version)}) made a record whose "
+                                f"per-token fields do not line up, on {where}: {exc}. Fix the function.") from None
         tails = chunk.tails
         if not one_to_one:
             tails = None

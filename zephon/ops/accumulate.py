@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any, Callable, Iterable
 
 from ..errors import PipelineError
-from .base import Accumulator, BindContext, LaneContext, LaneOperator, call_factory
+from .base import Accumulator, LaneContext, LaneOperator, call_factory
 from .fields import Fields, check_record
 
 
@@ -40,15 +40,13 @@ class Accumulate(LaneOperator):
             self.name = f"accumulate:{getattr(factory, '__name__', type(factory).__name__)}"
         self.factory, self.version = factory, version
 
-    def bind(self, ctx: BindContext) -> "Accumulate":
-        """In a pipeline that packs: a copy that checks what the accumulator emits against the rows."""
-        return self._bound(_rows=ctx.token_fields) if ctx.packs else self
-
     def make(self, ctx: LaneContext) -> Any:
-        acc = call_factory(self.factory, ctx)
-        rows = getattr(self, "_rows", None)
-        if not rows:
-            return acc
+        return call_factory(self.factory, ctx)
+
+    def make_checked(self, rows: Fields, ctx: LaneContext) -> Any:
+        """:meth:`make` for a pipeline that packs: what the accumulator emits is checked against the rows'
+        per-token fields ``rows`` (:mod:`zephon.ops.fields`)."""
+        acc = self.make(ctx)
         return (_CheckedWithHook if hasattr(acc, "on_flush") else _Checked)(acc, self, rows)
 
 
@@ -65,8 +63,8 @@ class _Checked:
     def flush(self) -> list[Any]:
         return self._checked(self._acc.flush())
 
-    def _checked(self, out: Iterable[Any]) -> list[Any]:
-        out = list(out)
+    def _checked(self, out: Iterable[Any] | None) -> list[Any]:
+        out = list(out) if out else []  # None: nothing, as the engine reads it
         for rec in out:
             check_record(self._op, rec, self._rows, "a record it emitted")
         return out

@@ -48,7 +48,7 @@ import numpy as np
 from .._perm import rng_for, stable_key
 from ..errors import PipelineError
 from ..records import IGNORE, Chunk, Doc, TokenColumn, TokenFieldError, columns_from_records, doc_origin
-from .fields import check_chunk, token_field
+from .fields import token_field
 
 EXECUTOR_KINDS = ("inline", "thread", "process", "ray")
 LONG_TEXT = 256  # a longer string parameter (a template) enters the fingerprint by its SHA-256
@@ -107,7 +107,6 @@ class BindContext:
     token_fields: Mapping[str, tuple[Any, Any]] = field(default_factory=dict)
     limits: Any = None
     provenance: bool = False  # the batches carry provenance: rows record where each piece comes from
-    packs: bool = False  # documents end in packed rows: what the user's operators make is checked against them
 
 
 # -- descriptions: every parameter as plain data ------------------------------------------------------------
@@ -153,6 +152,8 @@ def describe_value(value: Any, where: str, versioned: bool = False) -> Any:
         return value.str
     if isinstance(value, (list, tuple)):
         return [describe_value(v, f"{where}[{i}]", versioned) for i, v in enumerate(value)]
+    if isinstance(value, (set, frozenset)):  # in a stable order, whatever the hash seed
+        return {"set": sorted((describe_value(v, f"{where} item", versioned) for v in value), key=repr)}
     if isinstance(value, Mapping):
         if not all(isinstance(k, str) for k in value):
             raise PipelineError(f"{where}: a mapping with non-string keys {list(value)[:5]} cannot be fingerprinted; "
@@ -167,7 +168,13 @@ def describe_value(value: Any, where: str, versioned: bool = False) -> Any:
         return {"type": f"{type(value).__module__}:{type(value).__qualname__}",
                 **{f.name: describe_value(getattr(value, f.name), f"{where}.{f.name}", versioned)
                    for f in dataclasses.fields(value)}}
-    if isinstance(value, (types.FunctionType, types.BuiltinFunctionType, types.MethodType, functools.partial)):
+    if isinstance(value, _BUILTIN_METHODS):  # str.upper, "-".join, dict.get: implemented in C
+        owner = getattr(value, "__self__", None)
+        name = f"builtins:{value.__qualname__}" if not isinstance(owner, types.ModuleType) else function_id(value)
+        if owner is None or isinstance(owner, (type, types.ModuleType)):
+            return name
+        return {"method": name, "of": describe_value(owner, where, versioned)}  # "-".join is not "+".join
+    if isinstance(value, (types.FunctionType, types.MethodType, functools.partial)):
         target = value.func if isinstance(value, functools.partial) else value
         if "<" in (getattr(target, "__qualname__", "") or "") and not versioned:  # "<lambda>", "f.<locals>.g"
             raise PipelineError(f"{where}: {target!r} is a lambda or a function defined inside another, whose name "
@@ -176,14 +183,24 @@ def describe_value(value: Any, where: str, versioned: bool = False) -> Any:
         if isinstance(value, types.MethodType) and not isinstance(value.__self__, type):
             return {"method": function_id(value.__func__), "of": describe_value(value.__self__, where, versioned)}
         return function_id(value)
-    if callable(value):  # an object with __call__: its class and its attributes
+    if callable(value) and hasattr(value, "__dict__"):  # an object with __call__: its class and its attributes
+        own = vars(value)
+        named = {"name": f"{own.get('__module__', type(value).__module__)}:{own['__qualname__']}"} \
+            if "__qualname__" in own else {}  # a function object of a library (np.char.upper, np.add): which one
+        return {"type": f"{type(value).__module__}:{type(value).__qualname__}", **named,
+                **{k: describe_value(v, f"{where}.{k}", versioned) for k, v in own.items() if not k.startswith("_")}}
+    reduced = value.__reduce__() if callable(value) else None
+    if isinstance(reduced, tuple) and len(reduced) == 2 and reduced[0] is type(value):  # operator.itemgetter("text")
         return {"type": f"{type(value).__module__}:{type(value).__qualname__}",
-                **{k: describe_value(v, f"{where}.{k}", versioned) for k, v in vars(value).items()
-                   if not k.startswith("_")}}
+                "args": describe_value(list(reduced[1]), where, versioned)}
     raise PipelineError(f"{where}: a {type(value).__qualname__} ({value!r:.60}) has no stable description for the "
                         f"fingerprint. Pass plain data (numbers, strings, lists, dicts, arrays), give its class a "
                         f"describe() returning plain data, or keep it private (self._name) if the operator derives "
                         f"it from its other parameters.")
+
+
+_BUILTIN_METHODS = (types.BuiltinFunctionType, types.MethodDescriptorType, types.WrapperDescriptorType,
+                    types.MethodWrapperType, types.ClassMethodDescriptorType)
 
 
 class Operator:
@@ -285,7 +302,7 @@ class Transform(Operator):
 
     stateful = False
     """False: a transform holds no state between batches (accumulators do)."""
-    _rows_checked: ClassVar[bool] = True  # its output is checked against packed rows (built-ins' fits: False)
+    _rows_checked: ClassVar[bool] = True  # the engine checks its output against packed rows (built-ins': False)
     token_fields: Mapping[str, Any] = {}
     """Per-token fields this transform adds: name -> the value a document without the field gets when packed
     next to one that has it (a class attribute, or set in ``__init__``)."""
@@ -302,29 +319,9 @@ class Transform(Operator):
     def setup(self) -> None:
         """Load heavy state (tokenizers, templates) once per process, before the first batch."""
 
-    def bind(self, ctx: BindContext) -> "Transform":
-        """The transform ready to run in this pipeline (the engine calls it; you need not).
-
-        Args:
-            ctx: what the pipeline decides.
-
-        Returns:
-            Itself; in a pipeline that packs, a copy that knows the rows' per-token fields, so that what it
-            makes is checked against them (:mod:`zephon.ops.fields`).
-        """
-        return self._bound(_rows=ctx.token_fields) if ctx.packs and self._rows_checked else self
-
-    def _run_chunk(self, chunk: Chunk) -> Chunk:
-        """:meth:`_apply_chunk`, its output checked against the packed rows where it is bound to them."""
-        chunk = self._apply_chunk(chunk)
-        rows = getattr(self, "_rows", None)
-        if rows:
-            check_chunk(self, chunk, rows)
-        return chunk
-
     def _field_defaults(self) -> Mapping[str, tuple[Any, Any]]:
-        """Per-token field -> (dtype, default), for records that lack one: the rows' (bound), else its own."""
-        return getattr(self, "_rows", None) or {k: token_field(v) for k, v in self.token_fields.items()}
+        """Per-token field -> (dtype, default) for the records it makes without one: its own declarations."""
+        return {k: token_field(v) for k, v in self.token_fields.items()}
 
     def apply(self, columns: dict[str, Any]) -> Any:
         """Transform a batch of records, given as columns.

@@ -7,9 +7,12 @@ has one value per token and is packed side by side with ``input_ids``. Its defau
 given: a float id truncated, an id past 2**31 wrapped, 0.5 in an int32 field made 0. So in a pipeline that
 packs, the engine checks what each of *your* operators makes (``map``, ``flat_map``, ``map_batch``, your
 ``Transform`` and accumulator; the built-ins' output fits by construction): ``input_ids`` integers in
-``[0, 2**31)``, every other declared field's values representable in its dtype, and, after the merge, one
-value per token (before it :func:`zephon.records.columns_from_records` checks that). Without ``pack()``
-records become rows as they are, and nothing is checked here.
+``[0, 2**31)``; every other declared field's values representable in its dtype (integers exactly, floats
+within its range, rounded to its precision); and, after the merge, one value per token (before it
+:func:`zephon.records.columns_from_records` checks that). Without ``pack()`` records become rows as they
+are, and nothing is checked here. The engine calls these (:class:`zephon.engine.stages.StageProgram`,
+:class:`zephon.engine.nodes.TransformStep`, :meth:`zephon.ops.accumulate.Accumulate.make_checked`); your
+operator objects are not changed or copied for it.
 """
 
 from __future__ import annotations
@@ -92,14 +95,23 @@ def _check(op: Any, name: str, values: Any, dtype: np.dtype, where: Callable[[in
                "tokenizer's ids (labels such as -100 belong in a loss_mask, not in input_ids).")
         fits_kind = arr.dtype.kind in "iu"
     else:
-        if np.can_cast(arr.dtype, dtype, "safe") or arr.dtype.kind == dtype.kind == "f":
+        if np.can_cast(arr.dtype, dtype, "safe"):
             return
-        fits_kind = arr.dtype.kind in "iub" and dtype.kind in "iub"
-        info = np.iinfo(dtype) if fits_kind else None
-        lo, hi = (info.min, info.max) if info is not None else (0, 0)
         fix = (f"Its rows hold {dtype} (the dtype of its declared default); declare the default in the values' "
                f"kind, e.g. token_fields={{{name!r}: 1.0}} for float32, or a (dtype, default) pair such as "
                f"({arr.dtype.name!r}, 0).")
+        if dtype.kind == "f" and arr.dtype.kind in "iubf":  # into a float: rounded at most, never out of range
+            info = np.finfo(dtype)
+            bad = (np.isfinite(arr) & (np.abs(arr) > info.max)) if arr.dtype.kind == "f" else \
+                np.abs(arr.astype(np.float64)) > 2.0 ** (info.nmant + 1)  # integers beyond it would change
+            if not bad.any():
+                return
+            k = int(np.flatnonzero(bad)[0])
+            raise OperatorError(f"operator '{op.name}' made {name} that packed rows cannot hold as they are, on "
+                                f"{where(k)}: the value {arr[k].item()}. {fix}")
+        fits_kind = arr.dtype.kind in "iub" and dtype.kind in "iub"
+        info_i = np.iinfo(dtype) if fits_kind and dtype.kind != "b" else None
+        lo, hi = (info_i.min, info_i.max) if info_i is not None else (0, 1)  # a bool field: 0 and 1
     if not fits_kind:
         got, k = (f"{arr.dtype} values" if arr.dtype != object else "values that are not one numeric array"), None
     else:
