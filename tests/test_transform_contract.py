@@ -460,3 +460,47 @@ def test_an_accumulator_may_return_none(parts):
     start, tok = parts
     mine = start.tokenize(tok).accumulate(EmitsNoneUntilFlush).pack(seq_len=64).batch(rows_per_lane=2)
     assert len(global_hashes(mine, 1, 3)) == 3
+
+
+def first_10(ids):
+    return ids[:10]
+
+
+def cut_to_10(record: dict) -> dict:
+    return {**record, "input_ids": record["input_ids"][:10]}
+
+
+def shout(text: str) -> str:
+    return text.upper()
+
+
+def shout_record(record: dict) -> dict:
+    return {**record, "text": record["text"].upper() if record["text"] else record["text"]}
+
+
+def more_than_30(ids) -> bool:
+    return len(ids) > 30
+
+
+def more_than_30_tokens(record: dict) -> bool:
+    return len(record["input_ids"]) > 30
+
+
+@pytest.mark.timeout(120)  # before the fix, a lane filter_field dropped every record and the loader never returned
+@pytest.mark.parametrize("where", ["workers", "lane"])
+@pytest.mark.parametrize("mine,theirs,tokenized_first", [
+    (lambda p: p.map_field(first_10, "input_ids"), lambda p: p.map(cut_to_10), True),
+    (lambda p: p.filter_field(more_than_30, "input_ids"), lambda p: p.filter(more_than_30_tokens), True),
+    (lambda p: p.map_field(shout, "text"), lambda p: p.map(shout_record), False),
+])
+def test_field_operators_see_the_field_on_token_fields_and_in_the_lane(parts, where, mine, theirs, tokenized_first):
+    """map_field and filter_field gave their function the whole record for a per-token field, and in the lane for
+    every field (a TypeError, or a filter that quietly judged the record's length)."""
+    start, tok = parts
+
+    def pipe(step):
+        p = start.tokenize(tok) if tokenized_first else start
+        p = step(p.shuffle(buffer=4) if where == "lane" else p)
+        return (p if tokenized_first else p.tokenize(tok)).pack(seq_len=64).batch(rows_per_lane=2)
+
+    assert global_hashes(pipe(mine), 1, 4) == global_hashes(pipe(theirs), 1, 4)

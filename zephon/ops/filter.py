@@ -64,16 +64,20 @@ class FilterField(Filter):
 
     def _apply_chunk(self, chunk: Chunk) -> Chunk:
         values = chunk.columns.get(self.field)
-        if values is None or not isinstance(values, list):
-            return super()._apply_chunk(chunk)
+        if not isinstance(values, list):  # a per-token field or an array column
+            values = [rec.get(self.field) for rec in chunk.records()]
         keep = []
         for j, v in enumerate(values):
-            where = lambda: chunk.where(j)  # noqa: E731
-            if not v:
-                keep.append(j)
-                continue
-            ok, verdict = self._call(v, where)
-            if ok and self._check(verdict, where):
+            if self._kept(v, lambda: chunk.where(j)):
                 keep.append(j)
         chunk.count("filtered_records", chunk.n - len(keep))
         return chunk.select(np.asarray(keep, dtype=np.int64))
+
+    def _apply_records(self, records: list[Any]) -> list[Any]:
+        return [rec for rec in records if self._kept(rec.get(self.field), lambda: "a record in the lane")]
+
+    def _kept(self, value: Any, where: Callable[[], str]) -> bool:
+        if value is None or hasattr(value, "__len__") and len(value) == 0:  # left for tokenize to skip, counted
+            return True
+        ok, verdict = self._call(value, where)
+        return ok and self._check(verdict, where)

@@ -52,8 +52,9 @@ class MapField(Map):
 
     def _apply_chunk(self, chunk: Chunk) -> Chunk:
         values = chunk.columns.get(self.field)
-        if values is None or not isinstance(values, list):
-            return super()._apply_chunk(chunk)
+        if not isinstance(values, list):  # a per-token field or an array column: record by record, on the field
+            records = chunk.docs() if chunk.tails is not None else chunk.records()
+            return self._rebuild(chunk, [self._mapped(rec, lambda j=j: chunk.where(j)) for j, rec in enumerate(records)])
         out = []
         for j, v in enumerate(values):
             ok, new = self._call(v, lambda: chunk.where(j)) if v is not None \
@@ -61,3 +62,14 @@ class MapField(Map):
             out.append(new if ok else None)
         chunk.columns = {**chunk.columns, self.field: out}
         return chunk
+
+    def _apply_records(self, records: list[Any]) -> list[Any]:
+        return [keep_doc(rec, self._mapped(rec, lambda: "a record in the lane")) for rec in records]
+
+    def _mapped(self, record: Mapping[str, Any], where: Callable[[], str]) -> Mapping[str, Any]:
+        """The record with ``fn`` applied to its field (None stays None; a failure skipped: None)."""
+        value = record.get(self.field)
+        if value is None:
+            return record
+        ok, new = self._call(value, where)
+        return {**record, self.field: new if ok else None}
