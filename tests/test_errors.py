@@ -509,6 +509,18 @@ def test_a_pre_tokenized_source_needs_no_tokenize(tmp_path):
     assert batch["input_ids"][0].tolist() == [5, 6, 7, 8, 9, 5, 6, 7]
 
 
+@pytest.mark.parametrize("bad,shown", [(-100, "-100"), (2 ** 33 + 7, str(2 ** 33 + 7))])
+def test_token_ids_a_file_holds_outside_the_rows_range_are_an_error_naming_it(tmp_path, bad, shown):
+    """A pre-tokenized file is untrusted: -100 was packed as a token, and 2**33 + 7 as 7."""
+    write_parquet(tmp_path / "ids.parquet", {"input_ids": [[5, 6, 7]] * 5 + [[5, bad, 7]] + [[1, 2]] * 5})
+    pipe = (z.Pipeline(seed=1, lanes=2)
+            .source("ids", z.read.parquet(str(tmp_path / "ids.parquet"), tokens_field="input_ids"))
+            .pack(seq_len=8, algorithm="wrap").batch())
+    with pytest.raises(z.SourceError, match=rf"source 'ids': .*ids.parquet, row 5: the token id {shown} \(input_ids\) "
+                                            rf"is outside \[0, 2\*\*31\).*fix the file, or read its text and tokenize it"):
+        next(pipe.build(rank=0, world_size=1))
+
+
 def test_tokenizing_a_source_twice_is_refused_when_built(corpus, sp_model):
     tok = z.tokenizer(str(sp_model))
     pipe = (z.Pipeline(seed=1, lanes=2).source("web", z.read.parquet(str(corpus / "web")))

@@ -22,7 +22,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from ..ops.base import Transform
-from ..ops.fields import Fields, check_chunk
+from ..ops.fields import Fields, check_chunk, check_source_ids
 from ..readers.base import RawChunk
 from ..origins import file_id, read_origin, relative_file
 from ..records import Chunk, TokenColumn
@@ -167,6 +167,8 @@ class StageProgram:
                       cursors, np.zeros(n, dtype=np.int64), raw_records=n,
                       coord=self._coords[source](task.path), skip_pending=task.skip,
                       source_name=self.names[source])
+        if self.rows is not None:  # a pipeline that packs: token ids read from the file must fit its rows
+            check_source_ids(chunk)
         if self.roots is not None:
             first = getattr(raw, "first", None)
             chunk.origin = read_origin(task.start if first is None else first, cursors)

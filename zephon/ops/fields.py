@@ -21,8 +21,8 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from ..errors import OperatorError
-from ..records import INPUT_IDS, Chunk
+from ..errors import OperatorError, SourceError
+from ..records import INPUT_IDS, Chunk, TokenColumn
 
 MAX_TOKEN_ID = 2 ** 31 - 1
 """The largest id a packed row holds (its ``input_ids`` buffer is int32)."""
@@ -64,6 +64,30 @@ def check_chunk(op: Any, chunk: Chunk, rows: Fields) -> None:
     for name, values in chunk.token_fields.items():
         if name in rows:
             _check(op, name, values, rows[name][0], where)
+
+
+def check_source_ids(chunk: Chunk) -> None:
+    """Token ids read from a data file (a pre-tokenized source, ``tokens_field="input_ids"``) in a pipeline that
+    packs: integers in ``[0, 2**31)``. The file is untrusted: -100 would be packed as a token, 2**33 + 7 as 7.
+    (``tokenize`` checks such ids against its vocabulary.)
+
+    Raises:
+        SourceError: naming the file, the record, the value and the fix.
+    """
+    col = chunk.columns.get(INPUT_IDS)
+    if not isinstance(col, TokenColumn) or not len(col.values):
+        return
+    values = col.values
+    if values.dtype.kind not in "iu":
+        raise SourceError(f"source '{chunk.source_name}': {chunk.path}: the token ids (input_ids) are {values.dtype} "
+                          f"values, not integers. Write the tokenizer's integer ids, or read the text and tokenize it.")
+    if int(values.min()) >= 0 and int(values.max()) <= MAX_TOKEN_ID:
+        return
+    k = int(np.flatnonzero((values < 0) | (values > MAX_TOKEN_ID))[0])
+    j = int(np.searchsorted(col.offsets, k, "right")) - 1
+    raise SourceError(f"source '{chunk.source_name}': {chunk.where(j)}: the token id {int(values[k])} (input_ids) is "
+                      f"outside [0, 2**31), which packed rows hold (as int32). Token ids in a data file must be the "
+                      f"tokenizer's ids: fix the file, or read its text and tokenize it.")
 
 
 def check_record(op: Any, record: Any, rows: Fields, where: str) -> None:
