@@ -521,6 +521,24 @@ def test_token_ids_a_file_holds_outside_the_rows_range_are_an_error_naming_it(tm
         next(pipe.build(rank=0, world_size=1))
 
 
+def test_pre_tokenized_sources_mix_by_tokens(tmp_path):
+    """Token ids read from the files are token ids before the merge: the implied mix goes by tokens (as it did for
+    one such source), an explicit mix(by='tokens') is accepted, and two such sources are no longer refused."""
+    write_parquet(tmp_path / "a.parquet", {"input_ids": [[5, 6, 7, 8, 9]] * 40})
+    write_parquet(tmp_path / "b.parquet", {"input_ids": [[1, 2]] * 40})
+
+    def pipe(sources, mix=None):
+        p = z.Pipeline(seed=1, lanes=2)
+        for name in sources:
+            p = p.source(name, z.read.parquet(str(tmp_path / f"{name}.parquet"), tokens_field="input_ids"))
+        return (p.mix(by=mix) if mix else p).pack(seq_len=8, algorithm="wrap").batch()
+
+    for sources in (["a"], ["a", "b"]):
+        implied, tokens, documents = pipe(sources), pipe(sources, "tokens"), pipe(sources, "documents")
+        assert implied.fingerprint == tokens.fingerprint != documents.fingerprint
+        assert next(implied.build(rank=0, world_size=1))["input_ids"].shape == (2, 8)
+
+
 def test_tokenizing_a_source_twice_is_refused_when_built(corpus, sp_model):
     tok = z.tokenizer(str(sp_model))
     pipe = (z.Pipeline(seed=1, lanes=2).source("web", z.read.parquet(str(corpus / "web")))

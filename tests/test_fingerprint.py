@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import json
 import operator
+import re
 import threading
 
 import numpy as np
@@ -19,6 +20,7 @@ import pytest
 
 import zephon as z
 from zephon.graph.fingerprint import fingerprint
+from zephon.ops.base import describe_value
 
 
 class KeepLong(z.Transform):
@@ -125,6 +127,8 @@ def test_library_functions_and_builtin_methods_are_told_apart(base):
     assert len(prints(np.char.upper, np.char.lower, np.char.strip)) == 3
     assert len(prints(str.upper, str.lower, "-".join, "+".join)) == 4
     assert len(prints(operator.itemgetter(0), operator.itemgetter(1))) == 2
+    # a builtin method whose object has no description keeps the description it always had
+    assert describe_value(re.compile("a").search, "w") == "builtins:Pattern.search"
 
 
 def test_accumulator_factories_are_described(base):

@@ -298,7 +298,7 @@ def test_builder_errors_name_the_step(corpus, tok):
         base.filter(long_enough, sources=["nope"])
     with pytest.raises(z.PipelineError, match="end.*batch"):
         base.tokenize(tok).pack(seq_len=64).compile()
-    with pytest.raises(z.PipelineError, match="mix\\(by='tokens'\\) needs documents"):
+    with pytest.raises(z.PipelineError, match="mix\\(by='tokens'\\) needs token ids before the sources meet"):
         base.mix().tokenize(tok).pack(seq_len=64).batch().compile()
     with pytest.raises(z.PipelineError, match="exceeds pack"):
         base.tokenize(tok).split(max_tokens=128).pack(seq_len=64).batch().compile()
@@ -317,7 +317,7 @@ def test_tokenizing_after_the_merge_mixes_by_documents_when_the_mix_is_implied(c
     implied, documents = finish(base), finish(base.mix(by="documents"))
     assert "mix (implied)" in implied.explain()
     assert global_hashes(implied, 1, 4) == global_hashes(documents, 1, 4) == global_hashes(implied, 4, 4)
-    with pytest.raises(z.PipelineError, match="mix\\(by='tokens'\\) needs documents"):
+    with pytest.raises(z.PipelineError, match="mix\\(by='tokens'\\) needs token ids before the sources meet"):
         finish(base.mix(by="tokens")).compile()
 
 

@@ -504,3 +504,24 @@ def test_field_operators_see_the_field_on_token_fields_and_in_the_lane(parts, wh
         return (p if tokenized_first else p.tokenize(tok)).pack(seq_len=64).batch(rows_per_lane=2)
 
     assert global_hashes(pipe(mine), 1, 4) == global_hashes(pipe(theirs), 1, 4)
+
+
+def first_10_unless_short(ids):
+    if len(ids) < 40:
+        raise ValueError("too short")
+    return ids[:10]
+
+
+@pytest.mark.parametrize("where", ["workers", "lane"])
+def test_map_field_skips_a_per_token_field_it_failed_on(parts, where):
+    """on_error='skip' drops the record (a per-token field has no None) and, on the workers, counts it."""
+    start, tok = parts
+    p = start.tokenize(tok)
+    p = (p.shuffle(buffer=4) if where == "lane" else p)
+    mine = p.map_field(first_10_unless_short, "input_ids", on_error="skip").pack(seq_len=64).batch(rows_per_lane=2)
+    theirs = p.filter(at_least_40).map(cut_to_10).pack(seq_len=64).batch(rows_per_lane=2)
+    assert global_hashes(mine, 1, 3) == global_hashes(theirs, 1, 3)
+    if where == "workers":
+        with mine.build() as loader:
+            next(loader)
+            assert loader.metrics()["skipped_by_reason"].get("failed_records", 0) > 0

@@ -301,7 +301,8 @@ class Pipeline:
         return self._with(op=MapBatch(fn, name, self._pick(sources, "map_batch"), executor, version))
 
     def map_field(self, fn: Callable[[Any], Any], field: str = "text", *, sources: Sequence[str] | None = None,
-                  executor: str | None = None, version: str | int | None = None, name: str | None = None
+                  executor: str | None = None, version: str | int | None = None, name: str | None = None,
+                  on_error: str = "raise"
                   ) -> "Pipeline":
         """``fn(value) -> value`` on one field (None stays None): e.g. a text clean-up.
 
@@ -313,15 +314,19 @@ class Pipeline:
                 loader's runner decides).
             version: bump it when ``fn`` changes under the same name (a lambda needs one).
             name: its name in messages and ``explain()`` (None: one derived from ``fn``).
+            on_error: ``"raise"`` (an error naming the operator, the file and the row) or ``"skip"``: a text the
+                function fails on becomes None, which ``tokenize`` skips and counts; a record whose other field
+                (token ids, an array) it fails on is skipped (counted as ``failed_records`` before the merge).
 
         Returns:
             The pipeline with the operator added; this one is unchanged.
         """
         return self._with(op=MapField(fn, field, name=name, sources=self._pick(sources, "map_field"),
-                                      executor=executor, version=version))
+                                      executor=executor, version=version, on_error=on_error))
 
     def filter_field(self, fn: Callable[[Any], bool], field: str = "text", *, sources: Sequence[str] | None = None,
-                     executor: str | None = None, version: str | int | None = None, name: str | None = None
+                     executor: str | None = None, version: str | int | None = None, name: str | None = None,
+                     on_error: str = "raise"
                      ) -> "Pipeline":
         """Keep records whose ``fn(record[field])`` is True (empty values are left to ``tokenize``).
 
@@ -333,12 +338,14 @@ class Pipeline:
                 loader's runner decides).
             version: bump it when ``fn`` changes under the same name (a lambda needs one).
             name: its name in messages and ``explain()`` (None: one derived from ``fn``).
+            on_error: ``"raise"`` (an error naming the operator, the file and the row) or ``"skip"`` (the records
+                it fails on are skipped; counted as ``failed_records`` before the merge).
 
         Returns:
             The pipeline with the operator added; this one is unchanged.
         """
         return self._with(op=FilterField(fn, field, name=name, sources=self._pick(sources, "filter_field"),
-                                         executor=executor, version=version))
+                                         executor=executor, version=version, on_error=on_error))
 
     def apply(self, transform: Transform) -> "Pipeline":
         """Add a stateless operator of your own: a :class:`zephon.Transform` subclass with ``apply(columns)``.

@@ -141,7 +141,7 @@ def compile_pipeline(pipe: Any, plan: WorkPlan | None = None) -> CompiledPipelin
     schema = token_schema(transforms)
     images = image_batch(transforms, pack, batch)
     ctx = BindContext(tuple(g.names), tuple(s.weight for s in pipe.sources), schema, pack.limits, batch.provenance)
-    mix = _mix(g, ctx)
+    mix = _mix(pipe, g, ctx, True)
     lane_ops = _lane_ops(g, ctx, schema) + [("pack", pack.bind(ctx).make)]
     g.placement += [("pack", "lane: accumulator", "-"), ("batch", f"lane: {batch.rows_per_lane} row(s) per step", "-")]
     plan = plan or WorkPlan(pipe)
@@ -165,7 +165,7 @@ def _compile_records(pipe: Any, plan: WorkPlan | None, batch: Batch) -> Compiled
     transforms = [op for op in pipe.ops if isinstance(op, Transform)]
     schema = token_schema(transforms)
     ctx = BindContext(tuple(g.names), tuple(s.weight for s in pipe.sources), schema, NO_LIMITS, batch.provenance)
-    mix = _mix(g, ctx)
+    mix = _mix(pipe, g, ctx, False)
     lane_ops = _lane_ops(g, ctx, None) + [("rows", batch.make_rows)]
     g.placement += [("rows", "lane: one record per row", "-"),
                     ("batch", f"lane: {batch.rows_per_lane} record(s) per step", "-")]
@@ -273,14 +273,16 @@ def check_fields(pipe: Any, plan: WorkPlan, g: _Graph) -> None:
                 fields = None
 
 
-def _mix(g: _Graph, ctx: BindContext) -> Mix:
-    """The merge, bound: the declared ``mix``, or the implied one (the sources' own weights; by tokens where every
-    source is tokenized before the merge, else by documents)."""
-    tokenized = all(_tokenized(ops) for ops in g.per_source)
-    mix = g.mix or Mix("tokens" if tokenized else "documents")
-    if mix.by == "tokens" and not tokenized:  # one source too: the merge counts each document's tokens
-        raise PipelineError("mix(by='tokens') needs documents: tokenize every source before the sources meet "
-                            "(.tokenize() before .mix()), or mix(by='documents')")
+def _mix(pipe: Any, g: _Graph, ctx: BindContext, packs: bool) -> Mix:
+    """The merge, bound: the declared ``mix``, or the implied one (the sources' own weights; in a pipeline that
+    packs, by tokens where every source has token ids before the merge, else by documents; without ``pack()``,
+    by tokens where every source is tokenized before it)."""
+    with_ids = all(_tokenized(ops) or INPUT_IDS in decl.read.fields for ops, decl in zip(g.per_source, pipe.sources))
+    implied = with_ids if packs else all(_tokenized(ops) for ops in g.per_source)
+    mix = g.mix or Mix("tokens" if implied else "documents")
+    if mix.by == "tokens" and not with_ids:  # one source too: the merge counts each document's tokens
+        raise PipelineError("mix(by='tokens') needs token ids before the sources meet: tokenize every source before "
+                            "the merge (.tokenize() before .mix()), or mix(by='documents')")
     g.placement.append(("mix" if g.mix else "mix (implied)", "lane: the merge", ",".join(g.names)))
     return mix.bind(ctx)  # type: ignore[return-value]
 

@@ -170,10 +170,15 @@ def describe_value(value: Any, where: str, versioned: bool = False) -> Any:
                    for f in dataclasses.fields(value)}}
     if isinstance(value, _BUILTIN_METHODS):  # str.upper, "-".join, dict.get: implemented in C
         owner = getattr(value, "__self__", None)
-        name = f"builtins:{value.__qualname__}" if not isinstance(owner, types.ModuleType) else function_id(value)
+        cls = getattr(value, "__objclass__", None) or type(owner)
+        name = function_id(value) if isinstance(value, types.BuiltinFunctionType) else \
+            f"{cls.__module__}:{value.__qualname__}"  # a descriptor (str.upper) names its class's module
         if owner is None or isinstance(owner, (type, types.ModuleType)):
             return name
-        return {"method": name, "of": describe_value(owner, where, versioned)}  # "-".join is not "+".join
+        try:  # "-".join is not "+".join; an object without a description (a compiled regex) keeps the old name
+            return {"method": name, "of": describe_value(owner, where, versioned)}
+        except PipelineError:
+            return name
     if isinstance(value, (types.FunctionType, types.MethodType, functools.partial)):
         target = value.func if isinstance(value, functools.partial) else value
         if "<" in (getattr(target, "__qualname__", "") or "") and not versioned:  # "<lambda>", "f.<locals>.g"
@@ -185,8 +190,8 @@ def describe_value(value: Any, where: str, versioned: bool = False) -> Any:
         return function_id(value)
     if callable(value) and hasattr(value, "__dict__"):  # an object with __call__: its class and its attributes
         own = vars(value)
-        named = {"name": f"{own.get('__module__', type(value).__module__)}:{own['__qualname__']}"} \
-            if "__qualname__" in own else {}  # a function object of a library (np.char.upper, np.add): which one
+        named = {"__qualname__": f"{own.get('__module__', type(value).__module__)}:{own['__qualname__']}"} \
+            if "__qualname__" in own else {}  # a function object (np.char.upper, np.add, a wrapper): which one
         return {"type": f"{type(value).__module__}:{type(value).__qualname__}", **named,
                 **{k: describe_value(v, f"{where}.{k}", versioned) for k, v in own.items() if not k.startswith("_")}}
     reduced = value.__reduce__() if callable(value) else None

@@ -66,18 +66,23 @@ class FilterField(Filter):
         values = chunk.columns.get(self.field)
         if not isinstance(values, list):  # a per-token field or an array column
             values = [rec.get(self.field) for rec in chunk.records()]
-        keep = []
+        keep, failed = [], 0
         for j, v in enumerate(values):
-            if self._kept(v, lambda: chunk.where(j)):
+            verdict = self._kept(v, lambda: chunk.where(j))
+            if verdict is None:
+                failed += 1
+            elif verdict:
                 keep.append(j)
-        chunk.count("filtered_records", chunk.n - len(keep))
+        chunk.count("failed_records", failed)
+        chunk.count("filtered_records", chunk.n - len(keep) - failed)
         return chunk.select(np.asarray(keep, dtype=np.int64))
 
     def _apply_records(self, records: list[Any]) -> list[Any]:
         return [rec for rec in records if self._kept(rec.get(self.field), lambda: "a record in the lane")]
 
-    def _kept(self, value: Any, where: Callable[[], str]) -> bool:
+    def _kept(self, value: Any, where: Callable[[], str]) -> bool | None:
+        """Whether the record stays (None: the function failed and on_error='skip')."""
         if value is None or hasattr(value, "__len__") and len(value) == 0:  # left for tokenize to skip, counted
             return True
         ok, verdict = self._call(value, where)
-        return ok and self._check(verdict, where)
+        return self._check(verdict, where) if ok else None

@@ -54,22 +54,38 @@ class MapField(Map):
         values = chunk.columns.get(self.field)
         if not isinstance(values, list):  # a per-token field or an array column: record by record, on the field
             records = chunk.docs() if chunk.tails is not None else chunk.records()
-            return self._rebuild(chunk, [self._mapped(rec, lambda j=j: chunk.where(j)) for j, rec in enumerate(records)])
+            out, keep = [], []
+            for j, rec in enumerate(records):
+                mapped = self._mapped(rec, lambda: chunk.where(j))
+                if mapped is not None:
+                    out.append(mapped)
+                    keep.append(j)
+            if len(keep) < chunk.n:  # skipped failures (on_error='skip'): a per-token field has no None
+                chunk.count("failed_records", chunk.n - len(keep))
+                chunk = chunk.select(np.asarray(keep, dtype=np.int64))
+            return self._rebuild(chunk, out)
         out = []
         for j, v in enumerate(values):
             ok, new = self._call(v, lambda: chunk.where(j)) if v is not None \
                 else (True, None)
-            out.append(new if ok else None)
+            out.append(new if ok else None)  # a text that failed: None, which tokenize skips and counts
         chunk.columns = {**chunk.columns, self.field: out}
         return chunk
 
     def _apply_records(self, records: list[Any]) -> list[Any]:
-        return [keep_doc(rec, self._mapped(rec, lambda: "a record in the lane")) for rec in records]
+        out = []
+        for rec in records:
+            mapped = self._mapped(rec, lambda: "a record in the lane")
+            if mapped is None and isinstance(rec.get(self.field), str):
+                mapped = {**rec, self.field: None}  # as on the workers: a text that failed is None
+            if mapped is not None:
+                out.append(keep_doc(rec, mapped))
+        return out
 
-    def _mapped(self, record: Mapping[str, Any], where: Callable[[], str]) -> Mapping[str, Any]:
-        """The record with ``fn`` applied to its field (None stays None; a failure skipped: None)."""
+    def _mapped(self, record: Mapping[str, Any], where: Callable[[], str]) -> Mapping[str, Any] | None:
+        """The record with ``fn`` applied to its field (None stays None); None where it failed and was skipped."""
         value = record.get(self.field)
         if value is None:
             return record
         ok, new = self._call(value, where)
-        return {**record, self.field: new if ok else None}
+        return {**record, self.field: new} if ok else None
