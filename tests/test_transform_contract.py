@@ -525,3 +525,20 @@ def test_map_field_skips_a_per_token_field_it_failed_on(parts, where):
         with mine.build() as loader:
             next(loader)
             assert loader.metrics()["skipped_by_reason"].get("failed_records", 0) > 0
+
+
+def first_half(columns: dict) -> dict:
+    return {k: v[: len(v) // 2] for k, v in columns.items()}
+
+
+@pytest.mark.timeout(120)  # before the fix, the lane dropped every record and the loader never returned
+@pytest.mark.parametrize("where", ["workers", "lane"])
+def test_map_batch_that_returns_fewer_records_is_an_error_in_the_lane_too(parts, where):
+    """On the workers it was an error; after the merge the lane zipped the shorter columns and dropped records
+    (one record a call: all of them)."""
+    start, tok = parts
+    p = start.tokenize(tok)
+    p = (p.shuffle(buffer=4) if where == "lane" else p).map_batch(first_half).pack(seq_len=64).batch()
+    with pytest.raises(z.OperatorError, match=r"operator 'map_batch:first_half' .* failed on .*: ValueError: columns "
+                                              r"\{'input_ids': \d+\} do not have \d+ entries \(one per record\)"):
+        next(p.build())

@@ -17,24 +17,27 @@ class MapBatch(FunctionTransform):
 
     def _apply_chunk(self, chunk: Chunk) -> Chunk:
         columns = {**chunk.columns, **chunk.token_columns()}
-        try:
-            new = self.fn(columns)
-        except Exception as exc:  # noqa: BLE001
-            raise self._failed(exc, f"the chunk of source '{chunk.source_name}' at {chunk.where(0)} "
-                                    f"({chunk.n} records)") from exc
-        if not isinstance(new, Mapping):
-            raise self._failed(TypeError(f"map_batch must return a dict of columns, got {type(new).__name__}"),
-                               chunk.where(0))
-        bad = {k: len(v) for k, v in new.items() if len(v) != chunk.n}
-        if bad:
-            raise self._failed(ValueError(f"columns {bad} do not have {chunk.n} entries (one per record)"),
-                               chunk.where(0))
-        records = [dict(zip(new, vals)) for vals in zip(*new.values())] if new else [{} for _ in range(chunk.n)]
+        records = self._records(columns, chunk.n, f"the chunk of source '{chunk.source_name}' at {chunk.where(0)} "
+                                                   f"({chunk.n} records)")
         return self._rebuild(chunk, records)
 
     def _apply_records(self, records: list[Any]) -> list[Any]:
         if not records:
             return []
         keys = list(dict.fromkeys(k for r in records for k in r))
-        new = self.fn({k: [r.get(k) for r in records] for k in keys})
-        return [keep_doc(old, dict(zip(new, vals))) for old, vals in zip(records, zip(*new.values()))]
+        made = self._records({k: [r.get(k) for r in records] for k in keys}, len(records), "a record in the lane")
+        return [keep_doc(old, new) for old, new in zip(records, made)]
+
+    def _records(self, columns: dict[str, Any], n: int, where: str) -> list[dict[str, Any]]:
+        """``fn(columns)`` as ``n`` records, checked: a dict of columns of ``n`` entries each (after the merge too,
+        where a shorter column silently dropped records)."""
+        try:
+            new = self.fn(columns)
+        except Exception as exc:  # noqa: BLE001 - a user function may raise anything
+            raise self._failed(exc, where) from exc
+        if not isinstance(new, Mapping):
+            raise self._failed(TypeError(f"map_batch must return a dict of columns, got {type(new).__name__}"), where)
+        bad = {k: len(v) for k, v in new.items() if len(v) != n}
+        if bad:
+            raise self._failed(ValueError(f"columns {bad} do not have {n} entries (one per record)"), where)
+        return [dict(zip(new, vals)) for vals in zip(*new.values())] if new else [{} for _ in range(n)]
