@@ -542,3 +542,18 @@ def test_map_batch_that_returns_fewer_records_is_an_error_in_the_lane_too(parts,
     with pytest.raises(z.OperatorError, match=r"operator 'map_batch:first_half' .* failed on .*: ValueError: columns "
                                               r"\{'input_ids': \d+\} do not have \d+ entries \(one per record\)"):
         next(p.build())
+
+
+def never(record: dict) -> bool:
+    return False
+
+
+@pytest.mark.timeout(120)
+def test_operators_after_the_merge_that_drop_everything_are_an_error_not_a_hang(parts):
+    """Before the merge a source that gives no document is refused (EmptySourceWatch); after it the lane read its
+    endless sources for ever. Now it stops after as many units as that watch allows, naming the operators."""
+    start, tok = parts
+    pipe = start.tokenize(tok).shuffle(buffer=4).filter(never).pack(seq_len=64).batch()
+    with pytest.raises(z.OperatorError, match=r"lane \d+ took \d+ units of its sources without making a row: the "
+                                              r"operators after the merge \(shuffle, filter:never\) drop every record"):
+        next(pipe.build())

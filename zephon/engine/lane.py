@@ -26,7 +26,7 @@ from ..ops.batch import RecordBlock, RecordRow, RecordSpan
 from ..plan import WorkPlan
 from ..records import INPUT_IDS, Flush, Row
 from ..state.lane import LaneState, parse_lane_state
-from ..errors import StateError
+from ..errors import OperatorError, StateError
 from .clock import LaneClock
 from .counters import LaneCounters
 from .executors import Executor
@@ -192,6 +192,7 @@ class Lane(BaseNode[list[Row]]):
         self.ended = False  # the chain has no more rows: the lane delivers padding rows
         self._to_skip = self._state.rows_since_flush  # replay-and-skip, on the first next()
         self._taken_base = (0,) * len(self._streams)  # chunks taken by the sources at the last sentinel
+        self._units_at_row = 0  # the lane's units taken when it last made a row (see _no_row_for_ever)
 
     def prime(self, limit: int | None = None) -> None:
         """Submit the first stateless tasks of every source now (a host calls this for all its lanes
@@ -227,10 +228,26 @@ class Lane(BaseNode[list[Row]]):
                                      f"delivered after its last sentinel, but the segment after that sentinel "
                                      f"holds only {self._since}. The state was edited or does not belong to this "
                                      f"data; resume from the state as it was written.")
+                self._no_row_for_ever()
                 self._start_segment(item)
                 continue
             self._since += 1
+            self._units_at_row = self._counters.units
             return item
+
+    def _no_row_for_ever(self) -> None:
+        """Refuse a lane of endless sources that takes more units than :class:`EmptySourceWatch` allows every
+        source together without making a row: an operator after the merge drops every record (before the
+        merge, the watch refuses a source that gives nothing), and the lane would otherwise read for ever."""
+        program = self.program
+        taken = self._counters.units - self._units_at_row
+        if program.finite or taken <= sum(program.max_empty_units):
+            return
+        names = [name for name, _ in program.lane_ops[:-1]]
+        raise OperatorError(f"lane {self.lane} took {taken} units of its sources without making a row: the "
+                            f"operators after the merge ({', '.join(names) or 'none'}) drop every record they are "
+                            f"given. Check them on a few records (pipeline.validate()), or declare a filter before "
+                            f"the merge, where a source that gives no document is an error naming it.")
 
     def skip_delivered(self) -> None:
         """Replay the rows the state says were delivered since its sentinel (done by the first next())."""
@@ -239,6 +256,7 @@ class Lane(BaseNode[list[Row]]):
                 self._next_row()
                 self._to_skip -= 1
             self.counters.clear()  # the replayed work was counted by the run that wrote the checkpoint
+            self._units_at_row = 0
 
     @property
     def decided_step(self) -> int:
